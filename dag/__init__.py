@@ -1,0 +1,48 @@
+"""The pulsarcast data model: CIDs, strict DAG-CBOR, identities, descriptors, chunk trees,
+history walks and the durable block store. Pure: imports no other pulsarcast package."""
+
+from .cid import CID, cid_of, cid_of_raw
+from .codec import decode, encode
+from .descriptors import (
+    EventDescriptor,
+    EventLinking,
+    PublishRule,
+    TopicDescriptor,
+    check_rights,
+)
+from .errors import (
+    ChunkError,
+    CIDMismatch,
+    CodecError,
+    DagError,
+    InvalidCID,
+    InvalidDescriptor,
+    InvalidKeyFile,
+    SchemaError,
+    SignatureError,
+)
+from .identity import Identity, PeerId
+
+__all__ = [
+    "CID",
+    "CIDMismatch",
+    "ChunkError",
+    "CodecError",
+    "DagError",
+    "EventDescriptor",
+    "EventLinking",
+    "Identity",
+    "InvalidCID",
+    "InvalidDescriptor",
+    "InvalidKeyFile",
+    "PeerId",
+    "PublishRule",
+    "SchemaError",
+    "SignatureError",
+    "TopicDescriptor",
+    "check_rights",
+    "cid_of",
+    "cid_of_raw",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,68 @@
+"""The ``pulsarcast`` command line.
+
+Subcommands are registered in small functions so each feature owns its flags; heavy imports
+happen inside the handlers, so ``pulsarcast --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _print_json(figures: dict[str, Any]) -> None:
+    print(json.dumps(figures, sort_keys=False), flush=True)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.name == "codec":
+        from .bench.codec import bench_codec
+
+        _print_json(bench_codec(events=args.events or 2000, seconds=args.seconds))
+        return 0
+    if args.name == "dht":
+        from dht.bench import bench_dht
+
+        _print_json(asyncio.run(bench_dht(nodes=args.nodes or 20, blocks=args.events or 2000)))
+        return 0
+    print(f"unknown benchmark {args.name!r}", file=sys.stderr)
+    return 2
+
+
+def _add_bench(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
+    bench.add_argument("name", choices=["codec", "dht"], help="which benchmark")
+    bench.add_argument("--events", type=int, default=None, help="workload size")
+    bench.add_argument("--nodes", type=int, default=None, help="network size")
+    bench.add_argument("--seconds", type=float, default=1.0, help="time per measured rate")
+    bench.set_defaults(handler=_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pulsarcast",
+        description="Decentralised, persistent publish-subscribe over a Kademlia DHT.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
