@@ -22,9 +22,11 @@ from .errors import (
     SignatureError,
 )
 from .identity import Identity, PeerId
+from .store import BlockStore, StoreError
 
 __all__ = [
     "CID",
+    "BlockStore",
     "CIDMismatch",
     "ChunkError",
     "CodecError",
@@ -39,6 +41,7 @@ __all__ = [
     "PublishRule",
     "SchemaError",
     "SignatureError",
+    "StoreError",
     "TopicDescriptor",
     "check_rights",
     "cid_of",

@@ -1,0 +1,41 @@
+"""The public surface of ``dag`` changes only on purpose."""
+
+import dag
+
+
+def test_dag_all_is_pinned() -> None:
+    assert sorted(dag.__all__) == sorted(
+        [
+            "BlockStore",
+            "CID",
+            "CIDMismatch",
+            "ChunkError",
+            "CodecError",
+            "DagError",
+            "EventDescriptor",
+            "EventLinking",
+            "Identity",
+            "InvalidCID",
+            "InvalidDescriptor",
+            "InvalidKeyFile",
+            "PeerId",
+            "PublishRule",
+            "SchemaError",
+            "SignatureError",
+            "StoreError",
+            "TopicDescriptor",
+            "check_rights",
+            "cid_of",
+            "cid_of_raw",
+            "decode",
+            "encode",
+        ]
+    )
+    for name in dag.__all__:
+        assert hasattr(dag, name), name
+
+
+def test_errors_are_value_errors() -> None:
+    for name in ("CIDMismatch", "CodecError", "InvalidCID", "SchemaError", "SignatureError"):
+        assert issubclass(getattr(dag, name), ValueError)
+        assert issubclass(getattr(dag, name), dag.DagError)
