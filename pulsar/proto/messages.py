@@ -1,0 +1,247 @@
+"""Wire messages between pulsarcast peers, as frozen dataclasses.
+
+Each message is one DAG-CBOR map with a ``t`` key naming its type; the transport frames
+it. ``docs/protocol.md`` is the normative description. Decoding uses the fast codec (links
+arrive as raw CID bytes), so every field is re-validated here: a malformed message raises
+:class:`MessageError` and the caller drops it with a log line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from dag import CID, PeerId, encode
+from dag.codec import decode_fast
+from dag.errors import CodecError, DagError
+
+__all__ = [
+    "MAX_MESSAGE_SIZE",
+    "Event",
+    "Join",
+    "Leave",
+    "Message",
+    "MessageError",
+    "Ping",
+    "Pong",
+    "RequestToPublish",
+    "decode_message",
+    "encode_message",
+]
+
+MAX_MESSAGE_SIZE: Final = 1 << 20
+MAX_HOPS: Final = 1024
+
+
+class MessageError(DagError):
+    """A frame that is not a well-formed pulsarcast message: the sender's fault."""
+
+
+def _cid(value: Any, what: str) -> CID:
+    if isinstance(value, CID):
+        return value
+    if not isinstance(value, bytes):
+        raise MessageError(f"{what} must be a link")
+    try:
+        return CID(value)
+    except ValueError as exc:
+        raise MessageError(f"{what}: {exc}") from None
+
+
+def _bytes(value: Any, what: str, limit: int) -> bytes:
+    if not isinstance(value, bytes) or len(value) > limit:
+        raise MessageError(f"{what} must be bytes of at most {limit}")
+    return value
+
+
+def _uint(value: Any, what: str, limit: int) -> int:
+    if type(value) is not int or not 0 <= value <= limit:
+        raise MessageError(f"{what} must be an integer in 0..{limit}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Ask the receiver to become our parent in ``topic``'s tree (paper, algorithm 2).
+    Carries the topic block so the receiver need not fetch it to route further."""
+
+    topic: CID
+    topic_block: bytes = b""
+    T: ClassVar[str] = "join"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "block": self.topic_block}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Join:
+        return cls(_cid(m["topic"], "join.topic"), _bytes(m["block"], "join.block", 8192))
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """The sender leaves ``topic``'s tree: drop it as parent or child."""
+
+    topic: CID
+    T: ClassVar[str] = "leave"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Leave:
+        return cls(_cid(m["topic"], "leave.topic"))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event block travelling ``topic``'s tree; ``hop`` counts tree edges from the
+    publisher (for last-delivery-hop figures and Plumtree's tree optimisation)."""
+
+    topic: CID
+    block: bytes
+    hop: int
+    T: ClassVar[str] = "event"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "block": self.block, "hop": self.hop}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Event:
+        return cls(
+            _cid(m["topic"], "event.topic"),
+            _bytes(m["block"], "event.block", 8192),
+            _uint(m["hop"], "event.hop", MAX_HOPS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestToPublish:
+    """A non-publisher's signed content, travelling up the tree to the first node allowed
+    to publish it (paper, algorithm 3). ``created`` and ``signature`` are exactly what
+    :meth:`dag.EventDescriptor.sign_content` produced; ``parent`` is a CUSTOM link wish."""
+
+    topic: CID
+    version: CID
+    author: PeerId
+    payload: bytes | CID
+    created: str
+    signature: bytes
+    parent: CID | None = None
+    T: ClassVar[str] = "rtp"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "t": self.T,
+            "topic": self.topic,
+            "version": self.version,
+            "author": self.author.raw,
+            # Two fields, so a link never has to be told from bytes after a fast decode.
+            "payload": self.payload if isinstance(self.payload, bytes) else None,
+            "link": self.payload if isinstance(self.payload, CID) else None,
+            "created": self.created,
+            "sig": self.signature,
+            "parent": self.parent,
+        }
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> RequestToPublish:
+        try:
+            author = PeerId(m["author"])
+        except (ValueError, TypeError) as exc:
+            raise MessageError(f"rtp.author: {exc}") from None
+        payload: bytes | CID
+        if m["link"] is not None:
+            if m["payload"] is not None:
+                raise MessageError("rtp carries either payload or link, not both")
+            payload = _cid(m["link"], "rtp.link")
+        else:
+            payload = _bytes(m["payload"], "rtp.payload", 8192)
+        if not isinstance(m["created"], str) or len(m["created"]) > 32:
+            raise MessageError("rtp.created must be a timestamp")
+        parent = None if m["parent"] is None else _cid(m["parent"], "rtp.parent")
+        return cls(
+            _cid(m["topic"], "rtp.topic"),
+            _cid(m["version"], "rtp.version"),
+            author,
+            payload,
+            m["created"],
+            _bytes(m["sig"], "rtp.sig", 64),
+            parent,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Liveness probe; answered with a :class:`Pong` carrying the same nonce."""
+
+    nonce: int
+    T: ClassVar[str] = "ping"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "n": self.nonce}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Ping:
+        return cls(_uint(m["n"], "ping.n", (1 << 63) - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    nonce: int
+    T: ClassVar[str] = "pong"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "n": self.nonce}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Pong:
+        return cls(_uint(m["n"], "pong.n", (1 << 63) - 1))
+
+
+Message = Join | Leave | Event | RequestToPublish | Ping | Pong
+
+_TYPES: dict[str, Any] = {}
+_FIELDS: dict[str, frozenset[str]] = {}
+
+
+def register(cls: Any, fields: set[str]) -> None:
+    """Add a message type to the decoder (the repair layer registers its own)."""
+    _TYPES[cls.T] = cls
+    _FIELDS[cls.T] = frozenset(fields | {"t"})
+
+
+register(Join, {"topic", "block"})
+register(Leave, {"topic"})
+register(Event, {"topic", "block", "hop"})
+register(
+    RequestToPublish,
+    {"topic", "version", "author", "payload", "link", "created", "sig", "parent"},
+)
+register(Ping, {"n"})
+register(Pong, {"n"})
+
+
+def encode_message(message: Any) -> bytes:
+    """The DAG-CBOR frame payload of ``message``."""
+    return encode(message.to_wire())
+
+
+def decode_message(frame: bytes) -> Any:
+    """Parse a frame payload; :class:`MessageError` for anything malformed."""
+    if len(frame) > MAX_MESSAGE_SIZE:
+        raise MessageError("message too large")
+    try:
+        wire = decode_fast(frame)
+    except CodecError as exc:
+        raise MessageError(f"not DAG-CBOR: {exc}") from None
+    if not isinstance(wire, dict):
+        raise MessageError("message must be a map")
+    kind = wire.get("t")
+    if not isinstance(kind, str) or kind not in _TYPES:
+        raise MessageError(f"unknown message type {kind!r}"[:100])
+    if wire.keys() != _FIELDS[kind]:
+        raise MessageError(f"{kind} message has fields {sorted(wire)}"[:200])
+    try:
+        return _TYPES[kind].from_wire(wire)
+    except (KeyError, TypeError) as exc:
+        raise MessageError(f"malformed {kind} message: {exc}") from None

@@ -1,0 +1,316 @@
+"""The protocol core, driven without sockets: exact inputs, asserted outputs, and small
+simulated networks running the real state machines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor, decode, encode
+from dag.codec import encode_reference_free
+from pulsar.proto import events as ev
+from pulsar.proto.core import CoreConfig, PulsarCore, RetryParent
+from pulsar.proto.messages import Event, Join, Leave, RequestToPublish
+from pulsar.sim import SimNetwork, SimNode
+
+
+class StaticRouting:
+    def __init__(self, peers: list[PeerId]) -> None:
+        self.peers = peers
+
+    def closest_peers(self, key: bytes, count: int) -> list[PeerId]:
+        target = int.from_bytes(key, "big")
+        return sorted(self.peers, key=lambda p: int.from_bytes(p.kademlia_id(), "big") ^ target)
+
+
+def _ident(i: int) -> Identity:
+    return Identity.from_seed(bytes([i]) * 32)
+
+
+def _topic(author: Identity, **kw: Any) -> TopicDescriptor:
+    meta = TopicDescriptor.create(author, "t/meta")
+    return TopicDescriptor.create(author, "t", meta=meta.cid, **kw)
+
+
+def _distance(a: PeerId, b: PeerId) -> int:
+    return int.from_bytes(a.kademlia_id(), "big") ^ int.from_bytes(b.kademlia_id(), "big")
+
+
+# --------------------------------------------------------------------------- exact outputs
+
+
+def test_join_goes_to_the_closest_strictly_closer_peer() -> None:
+    author = _ident(1)
+    others = [_ident(i) for i in range(2, 12)]
+    topic = _topic(author)
+    ranked = sorted(others, key=lambda i: _distance(i.peer_id, author.peer_id))
+    far = ranked[-1]
+    routing = StaticRouting([i.peer_id for i in ranked[:-1]])  # not the author itself
+    core = PulsarCore(far, routing)
+    out = core.handle(ev.Subscribe(topic), 0.0)
+    assert out == [ev.Send(ranked[0].peer_id, Join(topic.cid, topic.block))]
+    view = core.tree(topic.cid)
+    assert view is not None and view.parents == {ranked[0].peer_id} and not view.is_root
+
+
+def test_node_knowing_nobody_closer_acts_as_root() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    others = [_ident(i) for i in range(2, 12)]
+    closest = min(others, key=lambda i: _distance(i.peer_id, author.peer_id))
+    farther = [i.peer_id for i in others if i is not closest]
+    core = PulsarCore(closest, StaticRouting(farther))
+    out = core.handle(ev.Subscribe(topic), 0.0)
+    assert len(out) == 1 and isinstance(out[0], ev.SetTimer)
+    assert core.tree(topic.cid).is_root  # type: ignore[union-attr]
+
+
+def test_join_received_by_a_member_stops_there() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    core = PulsarCore(author, StaticRouting([]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    child = _ident(2).peer_id
+    assert core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0) == []
+    assert core.tree(topic.cid).children == {child}  # type: ignore[union-attr]
+
+
+def test_publish_stores_in_the_dht_before_forwarding() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    core = PulsarCore(author, StaticRouting([]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    child = _ident(2).peer_id
+    core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
+    out = core.handle(ev.Publish(topic.cid, b"hi", None, 7), 1.0)
+    assert len(out) == 1 and isinstance(out[0], ev.StoreDht)
+    stored = out[0]
+    out = core.handle(ev.DhtStored(stored.cid, 3), 1.1)
+    kinds = [type(o) for o in out]
+    assert kinds == [ev.Published, ev.Deliver, ev.Send]
+    send = out[2]
+    assert send.peer == child and send.message == Event(topic.cid, stored.block, 1)
+
+
+def test_forged_event_is_rejected_and_not_forwarded() -> None:
+    author, mallory, relay_id = _ident(1), _ident(3), _ident(4)
+    topic = _topic(author, allowed_publishers=[])
+    relay = PulsarCore(relay_id, StaticRouting([author.peer_id]))
+    relay.handle(ev.Subscribe(topic), 0.0)
+    relay.learn_topic(topic)
+    forged = EventDescriptor.create(mallory, topic.cid, b"spam")
+    out = relay.handle(ev.Received(mallory.peer_id, Event(topic.cid, forged.block, 1)), 0.0)
+    assert [type(o) for o in out] == [ev.Rejected]
+    genuine = EventDescriptor.create(author, topic.cid, b"real")
+    value = decode(genuine.block)
+    value["payload"] = b"tampered"
+    tampered = encode_reference_free(value)
+    out = relay.handle(ev.Received(author.peer_id, Event(topic.cid, tampered, 1)), 0.0)
+    assert [type(o) for o in out] == [ev.Rejected] and "signature" in out[0].reason
+
+
+def test_lost_parent_is_retried_then_routed_around() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    others = sorted(
+        (_ident(i) for i in range(2, 12)), key=lambda i: _distance(i.peer_id, author.peer_id)
+    )
+    me = others[-1]
+    routing = StaticRouting([i.peer_id for i in others[:-1]])
+    core = PulsarCore(me, routing, CoreConfig(parent_retries=2))
+    core.handle(ev.Subscribe(topic), 0.0)
+    first = others[0].peer_id
+    out = core.handle(ev.PeerDown(first), 1.0)
+    assert out == [ev.SetTimer(0.25, RetryParent(topic.cid, first))]
+    assert core.handle(ev.TimerFired(RetryParent(topic.cid, first)), 1.3) == [
+        ev.Send(first, Join(topic.cid, topic.block))
+    ]
+    assert isinstance(core.handle(ev.SendFailed(first), 1.4)[0], ev.SetTimer)
+    out = core.handle(ev.SendFailed(first), 2.0)
+    assert out == [ev.Send(others[1].peer_id, Join(topic.cid, topic.block))]
+
+
+def test_leave_from_parent_makes_the_child_rejoin() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    others = sorted(
+        (_ident(i) for i in range(2, 12)), key=lambda i: _distance(i.peer_id, author.peer_id)
+    )
+    core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    out = core.handle(ev.Received(others[0].peer_id, Leave(topic.cid)), 1.0)
+    assert out == [ev.Send(others[1].peer_id, Join(topic.cid, topic.block))]
+
+
+def test_malformed_join_block_is_rejected() -> None:
+    core = PulsarCore(_ident(1), StaticRouting([]))
+    bogus = CID.parse("bafyreidykglsfhoixmivffc5uwhcgshx4j465xwqntbmu43nb2dzqwfvae")
+    out = core.handle(ev.Received(_ident(2).peer_id, Join(bogus, encode({"a": 1}))), 0.0)
+    assert [type(o) for o in out] == [ev.Rejected]
+
+
+# --------------------------------------------------------------------------- simulations
+
+
+def _network(n: int, bucket_size: int | None = 2, **kw: Any) -> tuple[SimNetwork, SimNode]:
+    net = SimNetwork(n, bucket_size=bucket_size, **kw)
+    return net, net.node(0)
+
+
+def _subscribe_all(net: SimNetwork, topic: TopicDescriptor, nodes: list[SimNode]) -> None:
+    for node in nodes:
+        net.input(node.peer_id, ev.Subscribe(topic))
+    net.settle()
+
+
+def _payloads(node: SimNode, topic: CID) -> list[bytes]:
+    return [e.payload for e in node.delivered.get(topic, [])]  # type: ignore[misc]
+
+
+def _tree_is_acyclic_and_symmetric(net: SimNetwork, topic: CID) -> None:
+    for node in net.nodes.values():
+        view = node.core.tree(topic)
+        if view is None:
+            continue
+        for parent in view.parents:
+            parent_view = net.nodes[parent].core.tree(topic)
+            assert parent_view is not None and node.peer_id in parent_view.children
+
+
+@pytest.mark.parametrize("bucket_size", [None, 1])
+def test_every_subscriber_gets_every_event_once_in_order(bucket_size: int | None) -> None:
+    net, author = _network(40, bucket_size=bucket_size)
+    topic = _topic(author.identity)
+    subscribers = list(net.nodes.values())[1:31]
+    _subscribe_all(net, topic, [author, *subscribers])
+    for i in range(60):
+        net.publish(author, topic.cid, b"e%d" % i)
+    net.settle()
+    expected = [b"e%d" % i for i in range(60)]
+    for node in subscribers:
+        assert _payloads(node, topic.cid) == expected
+    _tree_is_acyclic_and_symmetric(net, topic.cid)
+    relays_only = [n for n in net.nodes.values() if n not in subscribers and n is not author]
+    assert all(not n.delivered for n in relays_only)
+
+
+def test_whitelisted_and_refused_publishers() -> None:
+    net, author = _network(12, bucket_size=None)
+    nodes = list(net.nodes.values())
+    allowed, refused = nodes[1], nodes[2]
+    topic = _topic(author.identity, allowed_publishers=[allowed.peer_id])
+    _subscribe_all(net, topic, nodes)
+    ok = net.publish(allowed, topic.cid, b"allowed")
+    bad = net.publish(refused, topic.cid, b"refused")
+    net.settle()
+    assert ok in allowed.published and bad in refused.failed
+    for node in nodes:
+        assert _payloads(node, topic.cid) == [b"allowed"]
+
+
+def test_request_to_publish_reaches_an_allowed_node() -> None:
+    net, author = _network(20, bucket_size=1)
+    nodes = list(net.nodes.values())
+    topic = _topic(author.identity, allowed_publishers=[], request_to_publish=True)
+    _subscribe_all(net, topic, nodes)
+    requester = next(n for n in nodes[1:] if not n.core.tree(topic.cid).is_root)  # type: ignore[union-attr]
+    request = net.publish(requester, topic.cid, b"please")
+    net.settle()
+    event = requester.published[request]
+    assert event.author == requester.peer_id and event.publisher == author.peer_id
+    for node in nodes:
+        assert _payloads(node, topic.cid) == [b"please"]
+
+
+def test_custom_linking_uses_the_given_parent() -> None:
+    net, author = _network(8, bucket_size=None)
+    nodes = list(net.nodes.values())
+    topic = _topic(author.identity, event_linking="CUSTOM")
+    _subscribe_all(net, topic, nodes)
+    first = net.publish(author, topic.cid, b"root")
+    net.settle()
+    root = author.published[first]
+    second = net.publish(nodes[3], topic.cid, b"child", parent=root.cid)
+    third = net.publish(nodes[4], topic.cid, b"orphan")
+    net.settle()
+    assert nodes[3].published[second].parent == root.cid
+    assert nodes[4].published[third].parent is None
+    assert sorted(_payloads(nodes[5], topic.cid)) == [b"child", b"orphan", b"root"]
+
+
+def test_last_seen_refuses_an_explicit_parent() -> None:
+    net, author = _network(3, bucket_size=None)
+    topic = _topic(author.identity)
+    _subscribe_all(net, topic, [author])
+    request = net.publish(author, topic.cid, b"x", parent=topic.cid)
+    net.settle()
+    assert "LAST_SEEN" in author.failed[request]
+
+
+def test_unsubscribe_children_rejoin_and_keep_receiving() -> None:
+    net, author = _network(30, bucket_size=1)
+    nodes = list(net.nodes.values())
+    topic = _topic(author.identity)
+    _subscribe_all(net, topic, nodes)
+    interior = max(nodes[1:], key=lambda n: len(n.core.tree(topic.cid).children))  # type: ignore[union-attr]
+    assert interior.core.tree(topic.cid).children  # type: ignore[union-attr]
+    net.input(interior.peer_id, ev.Unsubscribe(topic.cid))
+    net.settle()
+    # It may still relay for others (Scribe-style), but no longer delivers.
+    assert not interior.core.is_subscribed(topic.cid)
+    net.publish(author, topic.cid, b"after")
+    net.settle()
+    for node in nodes:
+        if node is not interior:
+            assert _payloads(node, topic.cid) == [b"after"], node.core.tree(topic.cid)
+    assert _payloads(interior, topic.cid) == []
+
+
+def test_crashed_interior_node_subtree_recovers() -> None:
+    net, author = _network(30, bucket_size=1)
+    nodes = list(net.nodes.values())
+    topic = _topic(author.identity)
+    _subscribe_all(net, topic, nodes)
+    interior = max(nodes[1:], key=lambda n: len(n.core.tree(topic.cid).children))  # type: ignore[union-attr]
+    net.crash(interior)
+    net.settle()
+    net.publish(author, topic.cid, b"after crash")
+    net.settle()
+    for node in nodes:
+        if node is not interior:
+            assert _payloads(node, topic.cid) == [b"after crash"]
+
+
+def test_author_crash_other_publishers_and_new_subscribers() -> None:
+    net, author = _network(25, bucket_size=1)
+    nodes = list(net.nodes.values())
+    publisher = nodes[1]
+    topic = _topic(author.identity, allowed_publishers=[publisher.peer_id])
+    early, late = nodes[:20], nodes[20:]
+    _subscribe_all(net, topic, early)
+    net.crash(author)
+    net.settle()
+    _subscribe_all(net, topic, late)
+    net.publish(publisher, topic.cid, b"without the author")
+    net.settle()
+    for node in nodes[1:]:
+        assert _payloads(node, topic.cid) == [b"without the author"], node.peer_id
+
+
+def test_request_to_publish_by_a_non_listed_requester_is_refused() -> None:
+    net, author = _network(6, bucket_size=None)
+    nodes = list(net.nodes.values())
+    allowed_requester = nodes[1]
+    topic = _topic(
+        author.identity, allowed_publishers=[], request_to_publish=[allowed_requester.peer_id]
+    )
+    _subscribe_all(net, topic, nodes)
+    request = net.publish(nodes[2], topic.cid, b"nope")
+    net.settle()
+    assert "not allowed" in nodes[2].failed[request]
+    # A forged request carrying an unlisted author is stopped by the receiving node.
+    created, sig = EventDescriptor.sign_content(nodes[2].identity, topic.cid, b"x")
+    rtp = RequestToPublish(topic.cid, topic.cid, nodes[2].peer_id, b"x", created, sig)
+    out = author.core.handle(ev.Received(nodes[2].peer_id, rtp), net.now)
+    assert [type(o) for o in out] == [ev.Rejected]
