@@ -1,1 +1,7 @@
-"""pulsar."""
+"""Pulsarcast: the protocol, the embedded node, the CLI, the testbed and the simulator."""
+
+from .config import NodeConfig
+from .node import Node, PublishError, TopicNotFound
+from .runtime.subscription import Subscription
+
+__all__ = ["Node", "NodeConfig", "PublishError", "Subscription", "TopicNotFound"]

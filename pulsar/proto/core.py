@@ -74,6 +74,8 @@ class CoreConfig:
     parked_limit: int = 10_000
     """Events held while their topic version is fetched."""
     routing_candidates: int = 20
+    avoid_for: float = 30.0
+    """How long a parent we gave up on is left out of join routing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ class _Tree:
     last_seen: CID | None = None
     seen: dict[CID, None] = field(default_factory=dict)
     retries: dict[PeerId, int] = field(default_factory=dict)
-    avoid: set[PeerId] = field(default_factory=set)
+    avoid: dict[PeerId, float] = field(default_factory=dict)  # peer -> until when
     requests: dict[bytes, int] = field(default_factory=dict)
 
     def neighbours(self) -> set[PeerId]:
@@ -151,11 +153,13 @@ class PulsarCore:
         self._pending_store: dict[CID, tuple[CID, EventDescriptor, int | None]] = {}
         self._kid_cache: dict[PeerId, int] = {}
         self.metrics: dict[str, int] = {
+            "events_received": 0,
             "delivered": 0,
             "duplicates": 0,
             "forwarded": 0,
             "rejected": 0,
             "published": 0,
+            "max_hop": 0,
         }
         self._dispatch: dict[type, Callable[[Any, float], Out]] = {
             ev.Received: self._on_received,
@@ -234,13 +238,16 @@ class PulsarCore:
                 best, best_distance = peer, distance
         return best
 
-    def _join(self, tree: _Tree) -> Out:
+    def _join(self, tree: _Tree, now: float) -> Out:
         """Attach ``tree`` upwards (algorithm 2, the sending half)."""
         author = tree.topic.author
         if author == self.me:
             tree.acting_root = True
             return []
-        peer = self._next_hop(author, tree.avoid | tree.children)
+        for avoided, until in list(tree.avoid.items()):
+            if until <= now:
+                del tree.avoid[avoided]
+        peer = self._next_hop(author, set(tree.avoid) | tree.children)
         if peer is None:
             tree.acting_root = True
             return [ev.SetTimer(self.config.root_check_interval, RootCheck(tree.topic.cid))]
@@ -258,7 +265,7 @@ class PulsarCore:
             tree.deliver = tree.deliver or cmd.deliver
             return out
         tree = self._new_tree(topic, cmd.deliver)
-        return out + self._join(tree)
+        return out + self._join(tree, now)
 
     def _new_tree(self, topic: TopicDescriptor, deliver: bool) -> _Tree:
         tree = _Tree(topic=topic, latest=topic, deliver=deliver)
@@ -367,7 +374,7 @@ class PulsarCore:
         tree.retries.pop(peer, None)
         if tree.in_tree():
             return out
-        return out + self._join(tree)
+        return out + self._join(tree, now)
 
     def _on_leave(self, peer: PeerId, msg: Leave, now: float) -> Out:
         tree = self._trees.get(msg.topic)
@@ -375,10 +382,12 @@ class PulsarCore:
             return []
         tree.children.discard(peer)
         if peer in tree.parents:
+            # A parent that leaves is alive and may still be the way in: routing may pick it
+            # again, and it then serves as a pure relay (as in Scribe). Only peers that fail
+            # are avoided.
             tree.parents.discard(peer)
             tree.retries.pop(peer, None)
-            tree.avoid.add(peer)
-            return self._prune_idle(tree) or self._join(tree)
+            return self._prune_idle(tree) or self._join(tree, now)
         return self._prune_idle(tree)
 
     def _prune_idle(self, tree: _Tree) -> Out:
@@ -393,6 +402,7 @@ class PulsarCore:
         return [ev.Send(peer, leave) for peer in sorted(tree.parents, key=bytes)]
 
     def _on_event(self, peer: PeerId | None, msg: Event, now: float) -> Out:
+        self.metrics["events_received"] += 1
         tree = self._trees.get(msg.topic)
         if tree is None:
             return self._reject(peer, f"event for {msg.topic}, a tree we are not in")
@@ -423,6 +433,8 @@ class PulsarCore:
         out: Out = [ev.StoreLocal(event.cid, event.block)]
         if tree.deliver:
             self.metrics["delivered"] += 1
+            if hop > self.metrics["max_hop"]:
+                self.metrics["max_hop"] = hop
             out.append(ev.Deliver(tree.topic.cid, event, hop))
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
@@ -486,8 +498,8 @@ class PulsarCore:
                 continue
             tree.parents.discard(peer)
             tree.retries.pop(peer, None)
-            tree.avoid.add(peer)
-            out += self._join(tree)
+            tree.avoid[peer] = now + self.config.avoid_for
+            out += self._join(tree, now)
         return out
 
     def _on_timer(self, fired: ev.TimerFired, now: float) -> Out:
@@ -503,8 +515,7 @@ class PulsarCore:
             tree = self._trees.get(timer.topic)
             if tree is None or not tree.acting_root or tree.topic.author == self.me:
                 return []
-            tree.avoid.clear()  # peers we gave up on may be back
-            return self._join(tree)
+            return self._join(tree, now)
         if isinstance(timer, RequestTimeout):
             tree = self._trees.get(timer.topic)
             if tree is None:

@@ -132,6 +132,7 @@ def test_lost_parent_is_retried_then_routed_around() -> None:
 
 
 def test_leave_from_parent_makes_the_child_rejoin() -> None:
+    """The leaving parent is alive: routing may choose it again, now as a pure relay."""
     author = _ident(1)
     topic = _topic(author)
     others = sorted(
@@ -140,7 +141,7 @@ def test_leave_from_parent_makes_the_child_rejoin() -> None:
     core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
     core.handle(ev.Subscribe(topic), 0.0)
     out = core.handle(ev.Received(others[0].peer_id, Leave(topic.cid)), 1.0)
-    assert out == [ev.Send(others[1].peer_id, Join(topic.cid, topic.block))]
+    assert out == [ev.Send(others[0].peer_id, Join(topic.cid, topic.block))]
 
 
 def test_malformed_join_block_is_rejected() -> None:

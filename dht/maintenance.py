@@ -1,0 +1,177 @@
+"""Keeping records where they belong: republish, expiry, bucket refresh, handoff.
+
+The package republishes through ``Server.set_digest``, which writes the record back into its
+own storage and so resets the record's age: a node that is no longer among the k closest for
+a key keeps it (and keeps pushing it) forever, while its ``ForgetfulStorage`` loses
+everything a week after first store or at the first restart. The rules here:
+
+* ``stored_at`` is when anyone (us included) last stored the record here; ``republished_at``
+  when we last pushed it out or someone else pushed it to us (a fresh STORE means the other
+  closest nodes just got it too: the Kademlia paper's optimisation, so only one holder
+  republishes per interval).
+* Every ``republish_interval`` a record is stored again at the k closest nodes found by a
+  lookup. If we are among those k (or nobody else acknowledged), we are a rightful holder
+  and restamp the record, so it never expires while we hold it. Otherwise we only note the
+  republish; nobody will store it here again, and ``record_ttl`` later it expires. Records
+  thus migrate to the nodes closest to them and persist there, after any publisher is gone.
+* Expiry runs only once every due republish is done, so a node that was down for longer
+  than the TTL first hands its records over (or finds it still holds them rightfully)
+  instead of dropping them on start.
+* A newly met node gets the records it is closer to than the k-th closest node we knew, from
+  the one holder that was closest (section 2.5), in a background task over pages of storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kademlia.crawling import NodeSpiderCrawl
+from kademlia.node import Node
+
+from .config import DhtConfig
+from .protocol import PulsarProtocol
+from .replication import Replicator
+from .stats import DhtStats
+from .storage import RecordStorage
+
+__all__ = ["Maintainer", "MaintenanceReport"]
+
+log = logging.getLogger(__name__)
+
+_HANDOFF_PAGE = 256
+_MAX_ID = (1 << 160) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceReport:
+    refreshed_buckets: int
+    republished: int
+    kept: int
+    """Of the republished records, those we hold rightfully and restamped."""
+    expired: int
+    backlog: bool
+    """True when more records were due than one pass handles (expiry was skipped)."""
+
+
+class Maintainer:
+    """Runs one node's periodic upkeep; :meth:`tick` is one pass at a given wall-clock time."""
+
+    def __init__(self, protocol: PulsarProtocol, storage: RecordStorage,
+                 replicator: Replicator, config: DhtConfig, stats: DhtStats,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._protocol = protocol
+        self._storage = storage
+        self._replicator = replicator
+        self._config = config
+        self._stats = stats
+        self._clock = clock
+        self._new_contacts: list[Node] = []
+        self._handoff_running = False
+
+    def start(self) -> None:
+        self._protocol.on_new_contact = self.contact_added
+        self._protocol.spawn(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                report = await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("DHT maintenance pass failed")
+            else:
+                if report.backlog:
+                    continue  # more is due: go on at once (each pass yields to the loop)
+            await asyncio.sleep(self._config.maintenance_interval)
+
+    async def tick(self, now: float | None = None) -> MaintenanceReport:
+        now = self._clock() if now is None else now
+        refreshed = await self.refresh_buckets()
+        republished, kept, backlog = await self.republish(now)
+        expired = 0 if backlog else self._storage.expire(now - self._config.record_ttl)
+        self._stats.expired += expired
+        return MaintenanceReport(refreshed, republished, kept, expired, backlog)
+
+    async def republish(self, now: float) -> tuple[int, int, bool]:
+        """Republish due records; returns (republished, kept, more are due)."""
+        batch = self._config.republish_batch
+        due = self._storage.due_for_republish(now - self._config.republish_interval,
+                                              limit=batch + 1)
+        backlog = len(due) > batch
+        due = due[:batch]
+        if not due:
+            return 0, 0, False
+        results = await self._replicator.replicate_many(due)
+        settled: list[bytes] = []
+        kept = 0
+        for (key, value), result in zip(due, results, strict=True):
+            if result.we_are_close or result.acks == 0:
+                self._storage.touch(key, value, now)  # a rightful (or the only) holder keeps it
+                kept += 1
+            else:
+                settled.append(key)
+        self._storage.mark_republished(settled, now)
+        self._stats.republished += len(due)
+        log.info("republished %d DHT records (%d kept as a closest holder)", len(due), kept)
+        return len(due), kept, backlog
+
+    async def refresh_buckets(self) -> int:
+        """Look up a random id in every bucket not touched for ``bucket_refresh_interval``."""
+        cutoff = time.monotonic() - self._config.bucket_refresh_interval
+        stale = [b for b in self._protocol.router.buckets if b.last_updated < cutoff]
+        lookups = []
+        for bucket in stale:
+            low, high = bucket.range
+            target = Node(random.randint(low, min(high, _MAX_ID)).to_bytes(20, "big"))
+            seeds = self._protocol.closest_nodes(target.id, self._config.alpha)
+            if seeds:
+                lookups.append(NodeSpiderCrawl(self._protocol, target, seeds,
+                                               self._config.ksize, self._config.alpha).find())
+            bucket.touch_last_updated()
+        await asyncio.gather(*lookups)
+        return len(stale)
+
+    # -- handoff to new contacts ---------------------------------------------------------
+
+    def contact_added(self, node: Node) -> None:
+        self._new_contacts.append(node)
+        if not self._handoff_running:
+            self._handoff_running = True
+            self._protocol.spawn(self._handoff_loop())
+
+    async def _handoff_loop(self) -> None:
+        try:
+            while self._new_contacts:
+                await asyncio.sleep(0)  # let a burst of arrivals (a bootstrap) gather
+                nodes, self._new_contacts = self._new_contacts, []
+                await self._hand_off(nodes)
+        finally:
+            self._handoff_running = False
+
+    async def _hand_off(self, newcomers: list[Node]) -> None:
+        protocol, k = self._protocol, self._config.ksize
+        new_ids = {n.id for n in newcomers}
+        me = protocol.source_node.long_id
+        pending: list[asyncio.Future[bool]] = []
+        for scanned, (key, value) in enumerate(self._storage, 1):
+            if scanned % _HANDOFF_PAGE == 0:
+                await asyncio.sleep(0)  # a large store must not stall the event loop
+            target = int.from_bytes(key, "big")
+            others = [c for c in protocol.closest_contacts(key, k + len(new_ids))
+                      if c.node_id not in new_ids][:k]
+            if others and me ^ target >= others[0].distance_to(key):
+                continue  # another known node is closer: it hands this record off
+            for node in newcomers:
+                if len(others) < k or node.long_id ^ target < others[-1].distance_to(key):
+                    pending.append(self._replicator.batcher.store(node, key, value))
+            if len(pending) >= _HANDOFF_PAGE:
+                self._stats.handed_off += sum(await asyncio.gather(*pending))
+                pending = []
+        if pending:
+            self._stats.handed_off += sum(await asyncio.gather(*pending))

@@ -1,0 +1,315 @@
+"""``DhtNode``: the DHT as the rest of pulsarcast sees it.
+
+One object per node: it owns a :class:`~dht.server.PulsarServer` (UDP, the ``kademlia``
+wire protocol), the node's records in its SQLite store, the replication pipeline and the
+maintenance loop. Its public surface is content-addressed (``put`` returns a CID, ``get``
+takes one and returns only a block that hashes to it) plus the local routing queries the
+tree layer needs (:meth:`DhtNode.closest_known_peers`), which never touch the network.
+
+The Kademlia node id is ``sha1(peer id)`` (:meth:`dag.identity.PeerId.kademlia_id`), never
+random, so the id a peer routes by is tied to the key it proves in the transport handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Self
+
+from kademlia.node import Node
+
+from dag.chunks import MAX_PAYLOAD_SIZE, assemble, split
+from dag.cid import CID, DAG_CBOR, RAW, cid_of, cid_of_raw
+from dag.identity import Identity, PeerId
+from dag.store import BlockStore
+
+from .config import DhtConfig
+from .errors import BlockNotFound, DhtError, NotStarted
+from .keys import check_block_size, check_fetchable, dht_key
+from .lookup import NeighbourhoodCache, find_value
+from .maintenance import Maintainer, MaintenanceReport
+from .peers import Contact, HasKademliaId, PeerBook, kademlia_key
+from .replication import PutResult, Replicator
+from .server import PulsarServer
+from .stats import DhtStats
+from .storage import RecordStorage
+
+__all__ = ["DhtNode", "PeerProver"]
+
+log = logging.getLogger(__name__)
+
+PeerProver = Callable[[str, int], Awaitable[PeerId]]
+"""Dials ``(host, port)`` and returns the peer id the remote side proved (the transport's
+authenticated handshake). Plugged in with :meth:`DhtNode.set_prover`."""
+
+
+class DhtNode:
+    """A running DHT node. Create with ``await DhtNode.start(...)``; end with ``stop()``."""
+
+    def __init__(self, identity: Identity, server: PulsarServer, store: BlockStore,
+                 owns_store: bool, config: DhtConfig) -> None:
+        self._identity = identity
+        self._server = server
+        self._protocol = server.protocol
+        self._store = store
+        self._owns_store = owns_store
+        self._config = config
+        self._storage = server.storage
+        self._cache = NeighbourhoodCache(config.neighbourhood_ttl, config.ksize)
+        self._replicator = Replicator(self._protocol, config, server.stats, self._cache)
+        self._maintainer = Maintainer(self._protocol, self._storage, self._replicator, config,
+                                      server.stats)
+        self._prover: PeerProver | None = None
+        self._stopped = False
+
+    @classmethod
+    async def start(
+        cls,
+        identity: Identity,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        bootstrap: Iterable[tuple[str, int]] = (),
+        db_path: str | os.PathLike[str] | None = None,
+        *,
+        store: BlockStore | None = None,
+        config: DhtConfig | None = None,
+    ) -> DhtNode:
+        """Listen on ``host:port`` (0: any free port), join through ``bootstrap`` peers, and
+        start maintenance. Records live in ``store`` (shared with the rest of the node) or in
+        a store this node opens at ``db_path`` and closes on :meth:`stop`.
+
+        A node whose bootstrap peers do not answer still starts (and logs it): peers may
+        find it later, and :meth:`bootstrap` can be retried."""
+        if (store is None) == (db_path is None):
+            raise ValueError("pass exactly one of db_path= or store=")
+        config = config or DhtConfig()
+        owns_store = store is None
+        block_store = BlockStore(db_path) if store is None else store  # type: ignore[arg-type]
+        stats = DhtStats()
+        storage = RecordStorage(block_store, max_records=config.max_records, stats=stats,
+                                commit_delay=config.commit_delay,
+                                commit_batch=config.commit_batch)
+        server = PulsarServer(identity.peer_id.kademlia_id(), storage, config, PeerBook(), stats)
+        try:
+            await server.listen(port, interface=host)
+        except BaseException:
+            if owns_store:
+                block_store.close()
+            raise
+        node = cls(identity, server, block_store, owns_store, config)
+        try:
+            await node.bootstrap(bootstrap)
+            node._maintainer.start()
+        except BaseException:
+            await node.stop()
+            raise
+        log.info("DHT node %s (id %s) listening on %s:%d", identity.peer_id,
+                 node.node_id.hex(), *node.address)
+        return node
+
+    async def stop(self) -> None:
+        """Stop answering, cancel background work, close the socket (and the store if this
+        node opened it). Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._server.aclose()
+        self._storage.close()  # commit what was received (unacknowledged) before the stop
+        if self._owns_store:
+            self._store.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    # -- who and where --------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self._identity.peer_id
+
+    @property
+    def node_id(self) -> bytes:
+        """The 20-byte Kademlia id: sha1 of the peer id bytes."""
+        return self._server.node.id  # type: ignore[no-any-return]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The ``(host, port)`` the UDP socket is bound to (the real port if 0 was asked)."""
+        sockname = self._server.transport.get_extra_info("sockname")
+        return sockname[0], sockname[1]
+
+    @property
+    def stats(self) -> DhtStats:
+        return self._server.stats
+
+    @property
+    def peers(self) -> PeerBook:
+        return self._server.book
+
+    @property
+    def config(self) -> DhtConfig:
+        return self._config
+
+    @property
+    def server(self) -> PulsarServer:
+        """The underlying ``kademlia.network.Server`` (for interoperability; its ``get``
+        does not verify values: use :meth:`get`)."""
+        return self._server
+
+    @property
+    def records(self) -> RecordStorage:
+        """The records this node holds for the network."""
+        return self._storage
+
+    async def bootstrap(self, addrs: Iterable[tuple[str, int]]) -> int:
+        """Join through ``addrs`` (host names are resolved first); returns how many contacts
+        the routing table holds afterwards."""
+        self._check_running()
+        resolved = [await _resolve(host, port) for host, port in addrs]
+        if resolved:
+            found = await self._server.bootstrap(resolved)
+            if not found:
+                log.warning("no bootstrap peer of %s answered", resolved)
+        return sum(1 for _ in self._protocol.router.contacts())
+
+    # -- blocks ---------------------------------------------------------------------------
+
+    async def put(self, block: bytes, *, codec: int = DAG_CBOR) -> CID:
+        """Store one block (at most one RPC, see :data:`dht.keys.MAX_BLOCK_SIZE`) here and at
+        the k closest nodes; returns its CID. ``put_many`` reports acknowledgements."""
+        (result,) = await self.put_many([block], codec=codec)
+        return result.cid
+
+    async def put_many(self, blocks: Iterable[bytes], *, codec: int = DAG_CBOR
+                       ) -> list[PutResult]:
+        """Store many blocks, pipelined (``put_concurrency`` keys in flight, small blocks
+        batched per datagram). Each is stored here first, so it is served at once."""
+        items = []
+        for block in blocks:
+            check_block_size(block)
+            items.append((_cid_for(block, codec), block))
+        return await self._put_blocks(items)
+
+    async def put_large(self, payload: bytes) -> CID:
+        """Store a payload of any size (up to ``dag.chunks.MAX_PAYLOAD_SIZE``) as a chunk
+        tree; returns the root CID to pass to :meth:`get_large`."""
+        root, blocks = split(payload)
+        await self._put_blocks(blocks)
+        return root
+
+    async def _put_blocks(self, items: Sequence[tuple[CID, bytes]]) -> list[PutResult]:
+        self._check_running()
+        records = [(dht_key(cid), block) for cid, block in items]
+        self._storage.offer_many(records)
+        replicated = await self._replicator.replicate_many(records)
+        return [PutResult(cid, r.acks, r.targets)
+                for (cid, _), r in zip(items, replicated, strict=True)]
+
+    async def get(self, cid: CID, *, timeout: float | None = None) -> bytes:
+        """The block for ``cid``, from this node or the network, verified against the CID.
+
+        Values that do not hash to the CID are discarded (never returned nor stored) and
+        other holders are asked. Raises :class:`~dht.errors.BlockNotFound` when no holder
+        answers with a matching block within ``timeout`` (default ``config.get_timeout``)."""
+        self._check_running()
+        check_fetchable(cid)
+        local = self._store.get(cid)
+        if local is not None and cid.verifies(local):
+            return local
+        key = dht_key(cid)
+        held = self._storage.get(key)
+        if held is not None and cid.verifies(held):
+            return held
+        try:
+            async with asyncio.timeout(timeout or self._config.get_timeout):
+                return await find_value(
+                    self._protocol, cid, key, ksize=self._config.ksize,
+                    alpha=self._config.alpha, stats=self.stats,
+                    # Kademlia 2.3: the closest peer that lacked it gets a (verified) copy.
+                    on_found=lambda node, block: self._replicator.batcher.store(
+                        node, key, block),
+                )
+        except TimeoutError:
+            raise BlockNotFound(cid, timed_out=True) from None
+
+    async def get_large(self, root: CID, *, max_size: int = MAX_PAYLOAD_SIZE,
+                        timeout: float | None = None) -> bytes:
+        """The payload of a chunk tree stored with :meth:`put_large`, every block verified.
+        ``timeout`` bounds each block's lookup."""
+        async def fetch(cid: CID) -> bytes:
+            return await self.get(cid, timeout=timeout)
+
+        return await assemble(root, fetch, max_size=max_size)
+
+    # -- routing queries for the tree layer ----------------------------------------------
+
+    def closest_known_peers(self, key: bytes | HasKademliaId, k: int | None = None
+                            ) -> list[Contact]:
+        """The ``k`` (default ksize) contacts of our k-buckets nearest ``key`` — a 20-byte
+        Kademlia key or a peer id — by exact XOR distance, nearest first. Local only: no
+        network traffic. Each contact carries its address, and its peer id once proven."""
+        return self._protocol.closest_contacts(kademlia_key(key), k or self._config.ksize)
+
+    def record_proof(self, peer_id: PeerId, host: str, port: int, *,
+                     expected_node_id: bytes | None = None) -> Contact:
+        """The transport proved that ``peer_id`` is at ``host:port`` (same port number for
+        TCP and UDP). Notes the proof and adds the peer to the routing table. Raises
+        :class:`~dht.errors.PeerIdMismatch` if it contradicts ``expected_node_id``."""
+        node_id = self.peers.record_proof(peer_id, host, port, time.time(),
+                                          expected_node_id=expected_node_id)
+        self._protocol.welcome_if_new(Node(node_id, host, port))
+        return self.peers.contact(node_id, host, port)
+
+    def set_prover(self, prover: PeerProver | None) -> None:
+        """Plug in the transport's handshake, used by :meth:`identify`."""
+        self._prover = prover
+
+    async def identify(self, contact: Contact) -> PeerId:
+        """The proven peer id of ``contact``, running the prover if not proven yet."""
+        proven = contact.peer_id or self.peers.proven_peer_id(contact.node_id, contact.host,
+                                                              contact.port)
+        if proven is not None:
+            return proven
+        if self._prover is None:
+            raise DhtError("no prover is plugged in to identify contacts (see set_prover)")
+        peer_id = await self._prover(contact.host, contact.port)
+        self.record_proof(peer_id, contact.host, contact.port,
+                          expected_node_id=contact.node_id)
+        return peer_id
+
+    # -- upkeep ---------------------------------------------------------------------------
+
+    async def maintain(self, now: float | None = None) -> MaintenanceReport:
+        """Run one maintenance pass now (republish, expiry, bucket refresh)."""
+        self._check_running()
+        return await self._maintainer.tick(now)
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise NotStarted("this DHT node has been stopped")
+
+
+def _cid_for(block: bytes, codec: int) -> CID:
+    if codec == DAG_CBOR:
+        return cid_of(block)
+    if codec == RAW:
+        return cid_of_raw(block)
+    raise ValueError(f"put() writes dag-cbor (0x71) or raw (0x55) blocks, not 0x{codec:x}")
+
+
+async def _resolve(host: str, port: int) -> tuple[str, int]:
+    """Literal IPs pass through; names are resolved once (the package needs IPs)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    if not infos:
+        raise OSError(f"cannot resolve {host}")
+    address = infos[0][4]
+    return str(address[0]), int(address[1])

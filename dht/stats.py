@@ -1,0 +1,35 @@
+"""Counters a node keeps about what it refused, dropped and did: cheap, and what tests and the
+future ``/metrics`` endpoint read to see that a defence actually fired."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["DhtStats"]
+
+
+@dataclass(slots=True)
+class DhtStats:
+    datagrams_dropped: int = 0
+    """Datagrams that were malformed, oversized, of an unknown RPC, or a stray response."""
+    handler_errors: int = 0
+    """Requests whose handler raised (a bug, or input the checks did not anticipate)."""
+    stores_accepted: int = 0
+    """Values accepted from STORE / STORE_BATCH requests."""
+    stores_refused: int = 0
+    """Values refused because they do not hash to their key (or are not bytes, or too big)."""
+    stores_rate_limited: int = 0
+    """Values refused because their sender or all senders together exceeded the rate limit."""
+    stores_over_quota: int = 0
+    """New keys refused because this node already holds ``max_records`` records."""
+    bad_values_fetched: int = 0
+    """Values returned by peers during a lookup that failed verification (discarded)."""
+    lookups: int = 0
+    """Network node lookups actually run (the rest were answered by the neighbourhood cache)."""
+    republished: int = 0
+    expired: int = 0
+    handed_off: int = 0
+    """Records pushed to newly met nodes that are closer to them than we are."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

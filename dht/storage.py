@@ -1,0 +1,218 @@
+"""The ``kademlia`` ``IStorage`` on the node's SQLite store: durable, verified, bounded.
+
+The package's ``ForgetfulStorage`` keeps records in a dict, stamps them with
+``time.monotonic()`` (meaningless after a restart) and drops them a week after they were
+*first* stored. Here records live in the ``dht_records`` table of :class:`dag.store.BlockStore`
+with wall-clock ``stored_at`` / ``republished_at`` stamps, so a restarted node still holds and
+serves what it held, and ``dht.maintenance`` can republish and expire them properly.
+
+Every write is verified first (:func:`dht.keys.record_cid`): a value is accepted only if it
+hashes to its key, whether it came from a STORE request, a local put, or the package's own
+code calling ``storage[key] = value``.
+
+**Group commit.** One SQLite commit costs about as much as writing 10-30 rows inside one,
+and a pipelined put makes every node receive thousands of values per second. Values from the
+network therefore go through :meth:`RecordStorage.submit`: they are verified at once, queued,
+and written together at the end of the event-loop turn or after ``commit_delay`` (or as soon
+as ``commit_batch`` are queued); the
+STORE is acknowledged only after that commit, so an acknowledgement still means "on disk".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from kademlia.storage import IStorage
+
+from dag.store import BlockStore
+
+from .keys import record_cid
+from .stats import DhtStats
+
+__all__ = ["RecordStorage"]
+
+log = logging.getLogger(__name__)
+
+
+class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
+    """DHT records of one node, keyed by the 20-byte Kademlia key.
+
+    ``max_records`` bounds how many distinct keys the network can make us hold. Counting
+    exactly would cost a query per STORE, so an over-estimate is kept (every accepted value
+    counts as new) and re-counted from the database only when it reaches the bound.
+    """
+
+    def __init__(self, store: BlockStore, *, max_records: int, stats: DhtStats,
+                 commit_delay: float = 0.0, commit_batch: int = 256,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._max_records = max_records
+        self._stats = stats
+        self._commit_delay = commit_delay
+        self._commit_batch = commit_batch
+        self._clock = clock
+        self._approx_count = store.dht_len()
+        self._queued: list[tuple[bytes, bytes]] = []
+        self._waiters: list[tuple[asyncio.Future[list[bool]], list[bool]]] = []
+        self._commit_timer: asyncio.TimerHandle | None = None
+
+    # -- writes (all verified) -----------------------------------------------------------
+
+    def accepts(self, key: bytes, value: object) -> bool:
+        """Whether ``value`` may be stored under ``key``: it hashes to the key, and there is
+        room. Counts refusals in the stats."""
+        if record_cid(key, value) is None:
+            self._stats.stores_refused += 1
+            return False
+        if not self._has_room(key):
+            self._stats.stores_over_quota += 1
+            return False
+        self._approx_count += 1
+        return True
+
+    def offer_many(self, items: Iterable[tuple[bytes, object]]) -> list[bool]:
+        """Verify and write ``items`` now, in one commit; flags say which were accepted."""
+        flags: list[bool] = []
+        rows: list[tuple[bytes, bytes]] = []
+        for key, value in items:
+            ok = self.accepts(key, value)
+            flags.append(ok)
+            if ok:
+                rows.append((key, value))  # type: ignore[arg-type]  # accepts() checked it
+        self._write(rows, self._clock())
+        return flags
+
+    def offer(self, key: bytes, value: object) -> bool:
+        return self.offer_many([(key, value)])[0]
+
+    def submit(self, items: Iterable[tuple[bytes, object]]) -> asyncio.Future[list[bool]]:
+        """Verify ``items`` now and write them with the next group commit; the future gives
+        the flags once they are committed (all False if the commit failed)."""
+        loop = asyncio.get_running_loop()
+        flags: list[bool] = []
+        for key, value in items:
+            ok = self.accepts(key, value)
+            flags.append(ok)
+            if ok:
+                self._queued.append((key, value))  # type: ignore[arg-type]
+        future: asyncio.Future[list[bool]] = loop.create_future()
+        if not any(flags):
+            future.set_result(flags)
+            return future
+        self._waiters.append((future, flags))
+        if len(self._queued) >= self._commit_batch:
+            if self._commit_timer is not None:
+                self._commit_timer.cancel()
+            self._commit_timer = None
+            self.commit()
+        elif self._commit_timer is None:
+            # delay 0: at the end of this event-loop turn, with whatever else arrived in it
+            self._commit_timer = loop.call_later(self._commit_delay, self.commit)
+        return future
+
+    def commit(self) -> None:
+        """Write everything queued by :meth:`submit` in one transaction and answer waiters."""
+        self._commit_timer = None
+        rows, self._queued = self._queued, []
+        waiters, self._waiters = self._waiters, []
+        try:
+            self._write(rows, self._clock())
+        except Exception:
+            log.exception("could not commit %d DHT records; refusing them", len(rows))
+            for future, flags in waiters:
+                if not future.done():
+                    future.set_result([False] * len(flags))
+            return
+        for future, flags in waiters:
+            if not future.done():
+                future.set_result(flags)
+
+    def close(self) -> None:
+        """Commit what is queued; call before closing the store."""
+        if self._commit_timer is not None:
+            self._commit_timer.cancel()
+        if self._queued or self._waiters:
+            self.commit()
+
+    def _write(self, rows: list[tuple[bytes, bytes]], now: float) -> None:
+        if not rows:
+            return
+        put_many = getattr(self._store, "dht_put_many", None)
+        if put_many is not None:
+            put_many(rows, now)  # one transaction
+        else:
+            # BlockStore has no batched DHT write yet: one commit per row (see docs/dht.md).
+            for key, value in rows:
+                self._store.dht_put(key, value, now)
+
+    def touch(self, key: bytes, value: bytes, now: float) -> None:
+        """Restamp a record we keep holding (``stored_at`` and ``republished_at`` = now)."""
+        self._write([(key, value)], now)
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        # The package calls this from Server.set_digest; the contract has no return value,
+        # so a refusal has to be an exception.
+        if not self.offer(key, value):
+            raise ValueError(f"refused to store a value that does not hash to key {key.hex()}")
+
+    def _has_room(self, key: bytes) -> bool:
+        if self._approx_count < self._max_records:
+            return True
+        self._approx_count = self._store.dht_len() + len(self._queued)
+        if self._approx_count < self._max_records:
+            return True
+        return self._store.dht_get(key) is not None  # refreshing a held key is always fine
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        value = self._store.dht_get(key)
+        return default if value is None else value
+
+    def __getitem__(self, key: bytes) -> bytes:
+        value = self._store.dht_get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and self._store.dht_get(key) is not None
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every ``(key, value)``, paged through the database (bounded memory)."""
+        for key, value, _ in self._store.dht_iter():
+            yield key, value
+
+    def __len__(self) -> int:
+        return self._store.dht_len()
+
+    def __bool__(self) -> bool:
+        return True  # an empty storage is still a storage (Server.__init__ tests truthiness)
+
+    def iter_older_than(self, seconds_old: float) -> list[tuple[bytes, bytes]]:
+        """Records last *republished* more than ``seconds_old`` ago (the package's republish
+        hook; ``dht.maintenance`` uses :meth:`due_for_republish` instead)."""
+        return self.due_for_republish(self._clock() - seconds_old)
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    def due_for_republish(self, cutoff: float, limit: int | None = None
+                          ) -> list[tuple[bytes, bytes]]:
+        """Records not republished (nor stored here by anyone) since ``cutoff``, oldest
+        first."""
+        due = self._store.dht_items_older_than(cutoff)
+        return due if limit is None else due[:limit]
+
+    def mark_republished(self, keys: Iterable[bytes], now: float) -> None:
+        self._store.dht_mark_republished(keys, now)
+
+    def expire(self, cutoff: float) -> int:
+        """Drop records nobody stored here since ``cutoff``; returns how many."""
+        dropped = self._store.dht_expire(cutoff)
+        if dropped:
+            self._approx_count = self._store.dht_len()
+            log.info("expired %d DHT records", dropped)
+        return dropped

@@ -1,0 +1,42 @@
+"""Node configuration: one frozen dataclass with sensible defaults for a laptop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dht import DhtConfig
+
+from .net.config import TransportConfig
+from .proto.core import CoreConfig
+
+__all__ = ["NodeConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything a :class:`pulsar.Node` needs.
+
+    ``port`` is both the UDP port of the DHT and the TCP port of the pub-sub transport (0
+    picks a free one). ``data_dir`` holds the key and the SQLite database; a node started
+    again on the same directory keeps its identity, blocks and subscriptions.
+    """
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    bootstrap: tuple[tuple[str, int], ...] = ()
+    inline_limit: int = 4096
+    """Payloads larger than this go into a chunk tree in the DHT (max 6144)."""
+    prove_timeout: float = 5.0
+    """How long start-up waits to prove the peer ids of the DHT contacts it knows."""
+    core: CoreConfig = field(default_factory=CoreConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    dht: DhtConfig = field(default_factory=DhtConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, not {self.port}")
+        if not 0 < self.inline_limit <= 6144:
+            raise ValueError("inline_limit must be in 1..6144 bytes")

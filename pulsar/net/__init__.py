@@ -1,0 +1,41 @@
+"""The peer-to-peer transport of pulsarcast.
+
+Persistent TCP connections between peers, on the same port number as the node's UDP DHT
+port, carrying length-prefixed frames whose payloads are the protocol layer's DAG-CBOR
+messages (the transport never decodes them). Each connection starts with an authenticated
+handshake in which each side signs the other's nonce, so the peer id, and with it the
+Kademlia id ``sha1(peer id)``, is proven before any payload flows. One connection per pair
+of peers carries every topic; per-peer send queues are bounded and apply back-pressure;
+dropped connections are re-dialed; a fault injector can drop, delay and partition traffic
+for tests and the testbed.
+
+Modules: :mod:`~pulsar.net.framing` (frames, and the wire format notes),
+:mod:`~pulsar.net.handshake` (sans-I/O handshake), :mod:`~pulsar.net.connection` (one TCP
+connection), :mod:`~pulsar.net.transport` (peers, queues, dialing), :mod:`~pulsar.net.faults`,
+:mod:`~pulsar.net.config`, :mod:`~pulsar.net.errors`, :mod:`~pulsar.net.bench`.
+"""
+
+from .config import TransportConfig, TransportStats
+from .errors import (
+    FrameTooLarge,
+    HandshakeError,
+    PeerUnreachable,
+    RemoteProtocolError,
+    TransportClosed,
+)
+from .faults import FaultInjector, FaultStats
+from .transport import ConnectionInfo, Transport
+
+__all__ = [
+    "ConnectionInfo",
+    "FaultInjector",
+    "FaultStats",
+    "FrameTooLarge",
+    "HandshakeError",
+    "PeerUnreachable",
+    "RemoteProtocolError",
+    "Transport",
+    "TransportClosed",
+    "TransportConfig",
+    "TransportStats",
+]

@@ -1,0 +1,550 @@
+"""``pulsar.Node``: an embedded pulsarcast node for asyncio applications.
+
+The node owns the real I/O — the Kademlia DHT (UDP), the peer transport (TCP, same port
+number), the SQLite store, timers — and feeds everything that happens into the sans-I/O
+:class:`~pulsar.proto.core.PulsarCore`, carrying out the outputs it returns. All protocol
+decisions live in the core; this module only translates.
+
+    async with await Node.start(NodeConfig(data_dir="data/a")) as node:
+        topic = await node.create_topic("weather")
+        sub = await node.subscribe(topic.cid)
+        await node.publish(topic.cid, b"12C, clear")
+        event = await sub.get()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, Self
+
+from dag import (
+    CID,
+    BlockStore,
+    EventDescriptor,
+    EventLinking,
+    Identity,
+    InvalidDescriptor,
+    PeerId,
+    PublishRule,
+    TopicDescriptor,
+)
+from dht import BlockNotFound, DhtNode
+
+from .config import NodeConfig
+from .net.errors import PeerUnreachable
+from .net.transport import Transport
+from .proto import events as ev
+from .proto.core import PulsarCore, TreeView
+from .proto.messages import MessageError, decode_message, encode_message
+from .runtime.routing import DhtRouting
+from .runtime.subscription import Subscription
+
+__all__ = ["Node", "PublishError", "TopicNotFound"]
+
+log = logging.getLogger("pulsar.node")
+
+
+class PublishError(RuntimeError):
+    """A publish the topic's rules refused, or that could not reach a publisher."""
+
+
+class TopicNotFound(LookupError):
+    """No valid topic descriptor could be found for a CID (locally or in the DHT)."""
+
+
+class Node:
+    """A running pulsarcast node. Create with ``await Node.start(config)``."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: Identity,
+        store: BlockStore,
+        dht: DhtNode,
+        transport: Transport,
+        routing: DhtRouting,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.store = store
+        self.dht = dht
+        self.transport = transport
+        self._routing = routing
+        self.core = PulsarCore(identity, routing, config.core)
+        self._loop = asyncio.get_running_loop()
+        self._requests = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[EventDescriptor]] = {}
+        self._subscriptions: dict[CID, list[Subscription]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._pending_blocks: dict[CID, bytes] = {}
+        self._flush_scheduled = False
+        self._stopped = False
+        self.rejections = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def start(cls, config: NodeConfig) -> Node:
+        """Open the data directory, start the DHT and the transport on one port number,
+        join through ``config.bootstrap`` and prove the peer ids of known contacts."""
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        identity = Identity.load_or_create(config.data_dir / "identity.key")
+        store = BlockStore(config.data_dir / "node.sqlite3")
+        node: Node | None = None
+        dht: DhtNode | None = None
+        transport: Transport | None = None
+        try:
+            holder: dict[str, Node] = {}
+            transport = Transport(
+                identity,
+                config.transport,
+                on_frame=lambda peer, frame: holder["node"]._on_frame(peer, frame),
+                on_peer_up=lambda peer, addr: holder["node"]._on_peer_up(peer, addr),
+                on_peer_down=lambda peer: holder["node"]._on_peer_down(peer),
+            )
+            dht = await _listen_both(identity, config, store, transport)
+            routing = DhtRouting(dht)
+            node = cls(config, identity, store, dht, transport, routing)
+            holder["node"] = node
+            dht.set_prover(transport.probe)
+            if config.bootstrap:
+                await dht.bootstrap(config.bootstrap)
+                await routing.prove_known(config.prove_timeout)
+            for topic in store.subscriptions():
+                await node._resume(topic)
+            return node
+        except BaseException:
+            if node is not None:
+                await node.stop()
+            else:
+                if transport is not None:
+                    await transport.close()
+                if dht is not None:
+                    await dht.stop()
+                store.close()
+            raise
+
+    async def stop(self) -> None:
+        """Leave nothing running: timers, tasks, transport, DHT; flush and close the store.
+        Trees are not left (a stop is not an unsubscribe): on restart the node rejoins."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for handle in self._timers:
+            handle.cancel()
+        for subs in self._subscriptions.values():
+            for sub in subs:
+                sub.close()
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(PublishError("node stopped"))
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._routing.close()
+        await self.transport.close()
+        await self.dht.stop()
+        self._flush_blocks()
+        self.store.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ identity, views
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self.identity.peer_id
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Host and port: UDP for the DHT and TCP for the transport share the number."""
+        return self.dht.address
+
+    def tree(self, topic: CID) -> TreeView | None:
+        """This node's place in ``topic``'s dissemination tree (parents, children)."""
+        return self.core.tree(topic)
+
+    def trees(self) -> list[TreeView]:
+        return self.core.trees()
+
+    @property
+    def metrics(self) -> dict[str, int]:
+        return {**self.core.metrics, "rejected_frames": self.rejections}
+
+    # ------------------------------------------------------------------ topics
+
+    async def create_topic(
+        self,
+        name: str,
+        *,
+        allowed_publishers: Iterable[PeerId | str] | None = None,
+        request_to_publish: Iterable[PeerId | str] | bool | None = None,
+        event_linking: EventLinking | str = EventLinking.LAST_SEEN,
+        subtopics: dict[str, CID] | None = None,
+    ) -> TopicDescriptor:
+        """Algorithm 1: make the meta topic, then the topic linking it; store both in the
+        DHT; subscribe to both, as root of their trees."""
+        meta = TopicDescriptor.create(self.identity, f"{name}/meta")
+        topic = TopicDescriptor.create(
+            self.identity,
+            name,
+            meta=meta.cid,
+            subtopics=subtopics,
+            allowed_publishers=_peers(allowed_publishers),
+            request_to_publish=_rule_arg(request_to_publish),
+            event_linking=event_linking,
+        )
+        await self.dht.put_many([meta.block, topic.block])
+        await self._subscribe_descriptor(meta, deliver=True)
+        await self._subscribe_descriptor(topic, deliver=True)
+        return topic
+
+    async def get_topic(self, cid: CID) -> TopicDescriptor:
+        """A topic descriptor by CID: known versions, the local store, then the DHT."""
+        known = self.core.topic(cid)
+        if known is not None:
+            return known
+        block = await self._get_block(cid)
+        if block is None:
+            raise TopicNotFound(f"topic {cid} not found")
+        try:
+            topic = TopicDescriptor.from_block(block, cid)
+        except InvalidDescriptor as exc:
+            raise TopicNotFound(f"{cid} is not a valid topic: {exc}") from None
+        return topic
+
+    async def update_topic(self, topic_cid: CID, **changes: Any) -> TopicDescriptor:
+        """A new version of the topic (linking the latest as parent, same meta topic),
+        announced as an event on the meta topic. Only the author may update."""
+        root = await self._first_version(await self.get_topic(topic_cid))
+        current = self.core.latest(root.cid) or root
+        if current.author != self.peer_id:
+            raise PublishError("only the topic's author may update it")
+        unknown = set(changes) - {
+            "name",
+            "allowed_publishers",
+            "request_to_publish",
+            "event_linking",
+            "subtopics",
+        }
+        if unknown:
+            raise TypeError(f"unknown topic settings: {sorted(unknown)}")
+        subs = dict(changes.get("subtopics", {k: v for k, v in current.subtopics.items()}))
+        subs.pop("meta", None)
+        allowed = changes.get("allowed_publishers", current.allowed_publishers)
+        request = changes.get("request_to_publish", current.request_to_publish)
+        new = TopicDescriptor.create(
+            self.identity,
+            changes.get("name", current.name),
+            meta=current.meta,
+            parent=current.cid,
+            subtopics=subs,
+            allowed_publishers=allowed if isinstance(allowed, PublishRule) else _peers(allowed),
+            request_to_publish=request if isinstance(request, PublishRule) else _rule_arg(request),
+            event_linking=changes.get("event_linking", current.event_linking),
+        )
+        await self.dht.put(new.block)
+        self._apply(self.core.learn_topic(new))
+        if current.meta is not None:
+            await self.publish(current.meta, new.cid.raw)
+        return new
+
+    # ------------------------------------------------------------------ subscriptions
+
+    async def subscribe(self, topic_cid: CID) -> Subscription:
+        """Join the topic's tree (and its meta topic's) and return an async iterator of its
+        events, each once. Subscriptions are durable: the node rejoins after a restart."""
+        topic = await self._first_version(await self.get_topic(topic_cid))
+        sub = Subscription(topic.cid)
+        self._subscriptions.setdefault(topic.cid, []).append(sub)
+        await self._subscribe_descriptor(topic, deliver=True)
+        return sub
+
+    async def unsubscribe(self, topic_cid: CID) -> None:
+        """Leave the tree cleanly (children route around us) and end the iterators."""
+        for sub in self._subscriptions.pop(topic_cid, []):
+            sub.close()
+        self.store.remove_subscription(topic_cid)
+        self._apply(self.core.handle(ev.Unsubscribe(topic_cid), time.time()))
+
+    async def _subscribe_descriptor(self, topic: TopicDescriptor, *, deliver: bool) -> None:
+        """Join ``topic``'s tree, and its meta topic's, so new versions of the rules reach
+        every member that checks them — relays and publishers included."""
+        self.store.put_many([(topic.cid, topic.block)], pinned=True)
+        if deliver:
+            self.store.add_subscription(topic.cid, time.time())
+        self._apply(self.core.handle(ev.Subscribe(topic, deliver), time.time()))
+        if topic.meta is not None and not self.core.is_subscribed(topic.meta):
+            try:
+                meta = await self.get_topic(topic.meta)
+            except TopicNotFound:
+                log.warning("meta topic %s of %s not found", topic.meta, topic.cid)
+                return
+            await self._subscribe_descriptor(meta, deliver=True)
+
+    async def _resume(self, topic_cid: CID) -> None:
+        try:
+            topic = await self.get_topic(topic_cid)
+        except TopicNotFound:
+            log.warning("subscribed topic %s is no longer available", topic_cid)
+            return
+        self._apply(self.core.handle(ev.Subscribe(topic, True), time.time()))
+
+    async def _first_version(self, topic: TopicDescriptor) -> TopicDescriptor:
+        """Trees are named by a topic's first version; walk back to it."""
+        seen = 0
+        while topic.parent is not None:
+            seen += 1
+            if seen > 64:
+                raise TopicNotFound("topic version chain longer than 64")
+            parent = await self.get_topic(topic.parent)
+            if parent.author != topic.author:
+                raise TopicNotFound(f"version {topic.cid} has another author than its parent")
+            self._apply(self.core.learn_topic(parent))
+            self._apply(self.core.learn_topic(topic))
+            topic = parent
+        return topic
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publish(
+        self, topic_cid: CID, payload: bytes, *, parent: CID | None = None
+    ) -> EventDescriptor:
+        """Publish ``payload``. Checks the topic's rules: if this node may not publish but
+        may request to, the request travels up the tree to the first allowed node (which
+        becomes the event's publisher). Large payloads go into a chunk tree in the DHT.
+        Returns the event once it is stored in the DHT and on its way."""
+        if not isinstance(payload, bytes):
+            raise TypeError("payload must be bytes")
+        topic = await self._first_version(await self.get_topic(topic_cid))
+        if self.core.tree(topic.cid) is None:
+            await self._subscribe_descriptor(topic, deliver=False)
+        body: bytes | CID = payload
+        if len(payload) > self.config.inline_limit:
+            body = await self.dht.put_large(payload)
+        request = next(self._requests)
+        future: asyncio.Future[EventDescriptor] = self._loop.create_future()
+        self._waiting[request] = future
+        self._apply(self.core.handle(ev.Publish(topic.cid, body, parent, request), time.time()))
+        try:
+            return await future
+        finally:
+            self._waiting.pop(request, None)
+
+    async def payload_of(self, event: EventDescriptor) -> bytes:
+        """The event's payload, reassembling (and verifying) a chunk tree if needed."""
+        if isinstance(event.payload, bytes):
+            return event.payload
+        return await self.dht.get_large(event.payload)
+
+    # ------------------------------------------------------------------ I/O callbacks
+
+    def _on_frame(self, peer: PeerId, frame: bytes) -> None:
+        try:
+            message = decode_message(frame)
+        except MessageError as exc:
+            self.rejections += 1
+            log.warning("dropped a malformed message from %s: %s", peer, exc)
+            return
+        self._apply(self.core.handle(ev.Received(peer, message), time.time()))
+
+    def _on_peer_up(self, peer: PeerId, address: tuple[str, int]) -> None:
+        host, port = address
+        if port:
+            try:
+                self.dht.record_proof(peer, host, port)
+            except ValueError as exc:
+                log.warning("peer %s at %s:%d: %s", peer, host, port, exc)
+
+    def _on_peer_down(self, peer: PeerId) -> None:
+        if not self._stopped:
+            self._apply(self.core.handle(ev.PeerDown(peer), time.time()))
+
+    # ------------------------------------------------------------------ outputs
+
+    def _apply(self, outputs: list[Any]) -> None:
+        for out in outputs:
+            kind = type(out)
+            if kind is ev.Send:
+                self._send(out.peer, out.message)
+            elif kind is ev.Deliver:
+                self._deliver(out.topic, out.event)
+            elif kind is ev.StoreLocal:
+                self._store_block(out.cid, out.block)
+            elif kind is ev.SetTimer:
+                self._set_timer(out.delay, out.timer)
+            elif kind is ev.StoreDht:
+                self._store_block(out.cid, out.block)
+                self._spawn(self._store_in_dht(out.cid, out.block))
+            elif kind is ev.Fetch:
+                self._spawn(self._fetch(out.cid))
+            elif kind is ev.Published:
+                future = self._waiting.get(out.request)
+                if future is not None and not future.done():
+                    future.set_result(out.event)
+            elif kind is ev.PublishFailed:
+                future = self._waiting.get(out.request)
+                if future is not None and not future.done():
+                    future.set_exception(PublishError(out.reason))
+            elif kind is ev.Rejected:
+                self.rejections += 1
+                log.warning("rejected input from %s: %s", out.peer, out.reason)
+
+    def _send(self, peer: PeerId, message: Any) -> None:
+        if self._stopped:
+            return
+        frame = encode_message(message)
+        address = self.transport.address_of(peer)
+        if address is not None and self.transport.send_nowait(peer, address, frame):
+            return
+        # Not connected (or its queue is full): a task that waits, so a peer that cannot be
+        # reached is reported to the core as SendFailed instead of vanishing.
+        self._spawn(self._send_slow(peer, address or self._address_of(peer), frame))
+
+    async def _send_slow(self, peer: PeerId, address: tuple[str, int] | None, frame: bytes) -> None:
+        try:
+            await self.transport.send(peer, address, frame)
+        except (PeerUnreachable, ConnectionError, OSError) as exc:
+            log.info("could not reach %s: %s", peer, exc)
+            if not self._stopped:
+                self._apply(self.core.handle(ev.SendFailed(peer), time.time()))
+
+    def _address_of(self, peer: PeerId) -> tuple[str, int] | None:
+        for contact in self.dht.closest_known_peers(peer, 1):
+            if contact.node_id == peer.kademlia_id():
+                return contact.address
+        return None
+
+    def _deliver(self, topic: CID, event: EventDescriptor) -> None:
+        self.store.log_append(topic, [event.cid], time.time())
+        for sub in self._subscriptions.get(topic, ()):
+            sub._push(event)
+        descriptor = self.core.topic(topic)
+        if descriptor is not None and descriptor.is_meta and isinstance(event.payload, bytes):
+            self._spawn(self._learn_version(event.payload))
+
+    async def _learn_version(self, payload: bytes) -> None:
+        """A meta-topic event announces a new topic version by its CID: fetch it, check it,
+        and let the core adopt it (it verifies the version's lineage and author)."""
+        try:
+            cid = CID.parse(payload)
+        except ValueError:
+            log.info("meta-topic event whose payload is not a topic CID; ignored")
+            return
+        block = await self._get_block(cid)
+        if block is None:
+            log.warning("announced topic version %s not found", cid)
+            return
+        try:
+            version = TopicDescriptor.from_block(block, cid)
+        except InvalidDescriptor as exc:
+            log.warning("announced topic version %s is invalid: %s", cid, exc)
+            return
+        if not self._stopped:
+            self._store_block(cid, block)
+            self._apply(self.core.learn_topic(version))
+
+    def _store_block(self, cid: CID, block: bytes) -> None:
+        """Blocks are written in one transaction per loop iteration, not one per event."""
+        self._pending_blocks[cid] = block
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_blocks)
+
+    def _flush_blocks(self) -> None:
+        self._flush_scheduled = False
+        if not self._pending_blocks:
+            return
+        items = list(self._pending_blocks.items())
+        self._pending_blocks.clear()
+        try:
+            self.store.put_many(items, pinned=True)
+        except Exception:
+            log.exception("could not store %d blocks", len(items))
+
+    def _set_timer(self, delay: float, timer: object) -> None:
+        def fire() -> None:
+            self._timers.discard(handle)
+            if not self._stopped:
+                self._apply(self.core.handle(ev.TimerFired(timer), time.time()))
+
+        handle = self._loop.call_later(delay, fire)
+        self._timers.add(handle)
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store_in_dht(self, cid: CID, block: bytes) -> None:
+        acks = 0
+        try:
+            results = await self.dht.put_many([block])
+            acks = results[0].acks if results else 0
+        except Exception as exc:  # the block is stored locally; peers can still fetch it
+            log.warning("DHT store of %s failed: %s", cid, exc)
+        if not self._stopped:
+            self._apply(self.core.handle(ev.DhtStored(cid, acks), time.time()))
+
+    async def _fetch(self, cid: CID) -> None:
+        block = await self._get_block(cid)
+        if not self._stopped:
+            self._apply(self.core.handle(ev.BlockFetched(cid, block), time.time()))
+
+    async def _get_block(self, cid: CID) -> bytes | None:
+        pending = self._pending_blocks.get(cid)
+        if pending is not None:
+            return pending
+        local = self.store.get(cid)
+        if local is not None:
+            return local
+        try:
+            return await self.dht.get(cid)
+        except (TimeoutError, BlockNotFound):
+            return None
+        except Exception as exc:
+            log.warning("DHT get of %s failed: %s", cid, exc)
+            return None
+
+
+async def _listen_both(
+    identity: Identity, config: NodeConfig, store: BlockStore, transport: Transport
+) -> DhtNode:
+    """Bind UDP (DHT) and TCP (transport) on one port number. With port 0 the number the
+    OS gives the UDP socket may be taken for TCP; then both are retried on a new one."""
+    attempts = 1 if config.port else 20
+    for attempt in range(attempts):
+        dht = await DhtNode.start(
+            identity, config.host, config.port, (), store=store, config=config.dht
+        )
+        try:
+            await transport.listen(config.host, dht.address[1])
+            return dht
+        except OSError as exc:
+            await dht.stop()
+            if attempt == attempts - 1:
+                raise
+            log.debug("TCP port %d busy (%s); trying another", dht.address[1], exc)
+    raise AssertionError("unreachable")
+
+
+def _peers(value: Iterable[PeerId | str] | None) -> list[PeerId] | None:
+    if value is None:
+        return None
+    return [PeerId.parse(p) for p in value]
+
+
+def _rule_arg(value: Iterable[PeerId | str] | bool | None) -> list[PeerId] | bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    return [PeerId.parse(p) for p in value]

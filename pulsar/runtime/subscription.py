@@ -1,0 +1,57 @@
+"""What ``Node.subscribe`` returns: an async iterator of a topic's events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from dag import CID, EventDescriptor
+
+__all__ = ["Subscription"]
+
+_END = object()
+
+
+class Subscription(AsyncIterator[EventDescriptor]):
+    """Events of one topic, each once, in the order this node accepted them.
+
+    The buffer is bounded only by the node's delivery log (events are also in the SQLite
+    store), so a slow consumer never makes the node drop events; ``close()`` (or the node's
+    unsubscribe/stop) ends the iteration.
+    """
+
+    def __init__(self, topic: CID) -> None:
+        self.topic = topic
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._closed = False
+
+    def _push(self, event: EventDescriptor) -> None:
+        if not self._closed:
+            self._queue.put_nowait(event)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(_END)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    async def get(self, timeout: float | None = None) -> EventDescriptor:
+        """The next event; ``StopAsyncIteration`` once closed, ``TimeoutError`` on timeout."""
+        item = await asyncio.wait_for(self._queue.get(), timeout)
+        if item is _END:
+            self._queue.put_nowait(_END)
+            raise StopAsyncIteration
+        assert isinstance(item, EventDescriptor)
+        return item
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> EventDescriptor:
+        return await self.get()

@@ -1,0 +1,88 @@
+"""Republish, expiry and handoff, driven by explicit maintenance passes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from dag.cid import cid_of
+from dht import DhtConfig, dht_key
+
+from .conftest import Network, eventually
+
+pytestmark = pytest.mark.slow
+
+HOUR, DAY = 3600.0, 86400.0
+SMALL_K = DhtConfig(ksize=2, rpc_timeout=1.0, get_timeout=5.0, maintenance_interval=3600)
+
+
+def record() -> tuple[bytes, bytes]:
+    value = b"\x50" + os.urandom(16)
+    return dht_key(cid_of(value)), value
+
+
+async def test_a_misplaced_record_moves_to_the_closest_nodes_then_expires(
+        network: Network) -> None:
+    nodes = await network.grow(6, config=SMALL_K)
+    key, value = record()
+    by_distance = sorted(nodes, key=lambda n: int.from_bytes(n.node_id, "big")
+                         ^ int.from_bytes(key, "big"))
+    far = by_distance[-1]
+    assert far.records.offer(key, value)  # held by the node farthest from the key
+    now = time.time()
+
+    report = await far.maintain(now + HOUR + 1)
+    assert report.republished == 1 and report.kept == 0 and report.expired == 0
+    assert [n.records.get(key) for n in by_distance[:2]] == [value, value]
+
+    # a day later it pushes the record once more (due again), then drops its own copy
+    report = await far.maintain(now + DAY + 10)
+    assert report.republished == 1 and report.kept == 0
+    assert report.expired == 1 and far.records.get(key) is None
+    assert far.stats.expired == 1 and far.stats.republished == 2
+    assert await far.get(cid_of(value)) == value  # still in the network
+
+
+async def test_a_closest_holder_keeps_its_record_however_long_it_was_down(
+        network: Network) -> None:
+    nodes = await network.grow(4, config=SMALL_K)
+    key, value = record()
+    near = min(nodes, key=lambda n: int.from_bytes(n.node_id, "big") ^ int.from_bytes(key, "big"))
+    near.records.offer(key, value)
+    later = time.time() + 30 * DAY  # as after a month offline: republish comes first
+    report = await near.maintain(later)
+    assert report.kept == 1 and report.expired == 0
+    assert near.records.get(key) == value
+    # and it keeps it at the next pass too (it was restamped, not only marked)
+    assert (await near.maintain(later + DAY - 1)).expired == 0
+
+
+async def test_an_isolated_node_never_drops_what_it_cannot_hand_over(
+        network: Network) -> None:
+    (alone,) = await network.grow(1)
+    key, value = record()
+    alone.records.offer(key, value)
+    report = await alone.maintain(time.time() + 10 * DAY)
+    assert report.kept == 1 and report.expired == 0 and alone.records.get(key) == value
+
+
+async def test_republishing_is_skipped_when_someone_else_just_did(network: Network) -> None:
+    a, b = await network.grow(2)
+    key, value = record()
+    a.records.offer(key, value)
+    report = await a.maintain(time.time() + HOUR + 1)
+    assert report.republished == 1
+    assert b.records.get(key) == value  # b was stored to just now ...
+    assert (await b.maintain(time.time() + 10)).republished == 0  # ... so it has nothing due
+
+
+async def test_a_new_node_is_handed_the_records_it_should_hold(network: Network) -> None:
+    first = await network.add(config=SMALL_K)
+    results = await first.put_many([b"\x50" + os.urandom(16) for _ in range(30)])
+    assert all(r.acks == 0 for r in results)  # nobody else yet
+    newcomer = await network.add(config=SMALL_K)
+    keys = [dht_key(r.cid) for r in results]
+    await eventually(lambda: first.stats.handed_off == 30)
+    assert all(newcomer.records.get(k) is not None for k in keys)

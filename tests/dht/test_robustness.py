@@ -1,0 +1,95 @@
+"""Garbage, oversized and unknown datagrams, and floods: the node logs, drops, stays up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import pytest
+import umsgpack
+
+from dag.cid import cid_of_raw
+from dht import DhtConfig, dht_key
+
+from .conftest import FAST, Network, RawPeer, eventually
+
+pytestmark = pytest.mark.slow
+
+
+async def test_malformed_datagrams_are_dropped_and_logged(
+        network: Network, raw_peer: RawPeer, caplog: pytest.LogCaptureFixture) -> None:
+    node, other = await network.grow(2)
+    addr = node.address
+    junk = [
+        b"",
+        b"\x00" * 5,
+        os.urandom(300),
+        b"\x00" + os.urandom(20) + b"\xc1\xc1",
+        b"\x00" + os.urandom(20) + umsgpack.packb(["shutdown", []]),
+        b"\x00" + os.urandom(20) + umsgpack.packb(["store", [b"x"]]),
+        b"\x00" + os.urandom(20) + umsgpack.packb(["find_node", [7, None]]),
+        b"\x00" + os.urandom(20) + umsgpack.packb(["store", [b"n" * 20, b"k" * 20,
+                                                             bytes(20000)]]),
+        b"\x00" + os.urandom(20) + b"\x91" * 8000,
+        b"\x01" + os.urandom(20) + umsgpack.packb("an answer to nothing"),
+        b"\x07" + os.urandom(40),
+    ]
+    with caplog.at_level(logging.WARNING, logger="dht.protocol"):
+        for datagram in junk:
+            raw_peer.send(datagram, addr)
+        # the node is still up and still answers a well-formed request
+        assert await raw_peer.call(addr, "ping", raw_peer.node_id) == node.node_id
+        await eventually(lambda: node.stats.datagrams_dropped >= len(junk) - 1)
+    assert node.stats.handler_errors == 0
+    assert any("dropped a datagram" in r.getMessage() for r in caplog.records)
+    # ... and still does its job
+    cid = await other.put(b"\x41z")
+    assert await node.get(cid) == b"\x41z"
+
+
+async def test_garbage_contact_lists_do_not_poison_lookups(
+        network: Network, raw_peer: RawPeer) -> None:
+    node, _ = await network.grow(2)
+    # a FIND_NODE answer we never asked for is dropped; one we asked for is checked
+    raw_peer.send(b"\x01" + os.urandom(20) + umsgpack.packb([[b"x", "evil.example", 53]]),
+                  node.address)
+    cid = await node.put(b"\x41y")
+    assert await node.get(cid) == b"\x41y"
+    assert all(c.host == "127.0.0.1" for c in node.closest_known_peers(node.node_id))
+
+
+async def test_a_flood_of_stores_is_rate_limited(
+        network: Network, raw_peer: RawPeer, caplog: pytest.LogCaptureFixture) -> None:
+    config = DhtConfig(rpc_timeout=1.0, get_timeout=5.0, maintenance_interval=3600,
+                       store_rate=100, store_burst=200)
+    node = await network.add(config=config)
+    values = [os.urandom(64) for _ in range(2000)]
+    with caplog.at_level(logging.WARNING, logger="dht.protocol"):
+        answers = [raw_peer.request(node.address, "store", raw_peer.node_id,
+                                    dht_key(cid_of_raw(v)), v) for v in values]
+        done = await asyncio.wait_for(asyncio.gather(*answers), 10)
+    accepted = sum(1 for a in done if a is True)
+    assert 200 <= accepted < 400  # the burst, plus what refilled meanwhile
+    assert node.stats.stores_rate_limited == len(values) - accepted
+    assert any("rate limit" in r.getMessage() for r in caplog.records)
+    # a flood of forged values costs a hash each and is refused
+    forged = [raw_peer.request(node.address, "store", raw_peer.node_id, os.urandom(20),
+                               os.urandom(64)) for _ in range(50)]
+    await asyncio.wait_for(asyncio.gather(*forged), 10)
+    # still alive, other peers still served
+    other = await network.add(config=FAST)
+    cid = await other.put(b"\x41x")
+    assert await node.get(cid) == b"\x41x"
+
+
+async def test_the_record_quota_holds_against_valid_floods(
+        network: Network, raw_peer: RawPeer) -> None:
+    config = DhtConfig(rpc_timeout=1.0, maintenance_interval=3600, max_records=50)
+    node = await network.add(config=config)
+    values = [os.urandom(64) for _ in range(80)]
+    answers = await asyncio.gather(*(
+        raw_peer.call(node.address, "store", raw_peer.node_id, dht_key(cid_of_raw(v)), v)
+        for v in values))
+    assert answers.count(True) == 50 and len(node.records) == 50
+    assert node.stats.stores_over_quota == 30

@@ -1,0 +1,84 @@
+"""Real nodes on loopback: UDP DHT, TCP transport, SQLite, all in one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from pulsar import Node, NodeConfig
+from pulsar.net.config import TransportConfig
+from pulsar.proto.core import CoreConfig
+
+FAST_TRANSPORT = TransportConfig(
+    idle_ping=0.3,
+    dead_after=1.0,
+    connect_timeout=1.0,
+    handshake_timeout=2.0,
+    reconnect_attempts=1,
+    drain_timeout=0.5,
+)
+FAST_CORE = CoreConfig(parent_retries=2, parent_retry_delay=0.1, root_check_interval=0.5)
+
+
+async def until(
+    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02
+) -> None:
+    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+class Network:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nodes: list[Node] = []
+
+    def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
+        return NodeConfig(
+            data_dir=self.root / f"n{index}",
+            bootstrap=bootstrap,
+            core=FAST_CORE,
+            transport=FAST_TRANSPORT,
+        )
+
+    async def start(self, count: int) -> list[Node]:
+        started = []
+        for _ in range(count):
+            index = len(self.nodes)
+            seeds = tuple(n.address for n in self.nodes[-3:])
+            node = await Node.start(self.config(index, seeds))
+            self.nodes.append(node)
+            started.append(node)
+        # Everyone proves the contacts it learned while others joined after it.
+        await asyncio.gather(*(n._routing.prove_known(5.0) for n in self.nodes))
+        return started
+
+    async def restart(self, node: Node) -> Node:
+        index = self.nodes.index(node)
+        await node.stop()
+        seeds = tuple(n.address for n in self.nodes if n is not node and not n._stopped)[:3]
+        fresh = await Node.start(self.config(index, seeds))
+        self.nodes[index] = fresh
+        return fresh
+
+    async def close(self) -> None:
+        await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+
+
+@pytest.fixture
+async def network(tmp_path: Path) -> AsyncIterator[Network]:
+    net = Network(tmp_path)
+    try:
+        yield net
+    finally:
+        await net.close()
+
+
+Waiter = Callable[[Callable[[], bool], float], Awaitable[None]]
