@@ -31,17 +31,47 @@ def _bench(args: argparse.Namespace) -> int:
 
         _print_json(asyncio.run(bench_dht(nodes=args.nodes or 20, blocks=args.events or 2000)))
         return 0
+    if args.name == "tree":
+        from .bench.tree import bench_tree
+
+        _print_json(asyncio.run(bench_tree(nodes=args.nodes or 50, events=args.events or 500)))
+        return 0
+    if args.name == "transport":
+        from .net.bench import bench_transport
+
+        _print_json(asyncio.run(bench_transport(frames=args.events or 50_000)))
+        return 0
     print(f"unknown benchmark {args.name!r}", file=sys.stderr)
     return 2
 
 
 def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
-    bench.add_argument("name", choices=["codec", "dht"], help="which benchmark")
+    bench.add_argument(
+        "name", choices=["codec", "dht", "tree", "transport"], help="which benchmark"
+    )
     bench.add_argument("--events", type=int, default=None, help="workload size")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
     bench.add_argument("--seconds", type=float, default=1.0, help="time per measured rate")
     bench.set_defaults(handler=_bench)
+
+
+def _devnet(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .devnet import run_devnet
+
+    data_dir = Path(args.data_dir) if args.data_dir else None
+    return asyncio.run(run_devnet(args.nodes, data_dir, args.json, args.base_port))
+
+
+def _add_devnet(sub: Any) -> None:
+    devnet = sub.add_parser("devnet", help="run a local network of nodes on 127.0.0.1")
+    devnet.add_argument("--nodes", type=int, default=5, help="how many nodes (default 5)")
+    devnet.add_argument("--data-dir", default=None, help="keep node data here (default: temp)")
+    devnet.add_argument("--base-port", type=int, default=0, help="first port (default: any)")
+    devnet.add_argument("--json", action="store_true", help="one JSON object per node")
+    devnet.set_defaults(handler=_devnet)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
+    _add_devnet(sub)
     return parser
 
 

@@ -76,7 +76,7 @@ async def _disseminate(network: list[Node], events: int) -> dict[str, Any]:
     topic = await author.create_topic("bench")
     subs = [await n.subscribe(topic.cid) for n in network[1:]]
     published_at: dict[Any, float] = {}
-    latencies: list[float] = []
+    arrivals: list[tuple[Any, float]] = []
     done = asyncio.Event()
     remaining = [len(subs) * events]
     last_delivery = [0.0]
@@ -85,7 +85,7 @@ async def _disseminate(network: list[Node], events: int) -> dict[str, Any]:
         for _ in range(events):
             event = await sub.get()
             now = time.perf_counter()
-            latencies.append(now - published_at[event.cid])
+            arrivals.append((event.cid, now))
             last_delivery[0] = now
             remaining[0] -= 1
             if remaining[0] == 0:
@@ -96,12 +96,23 @@ async def _disseminate(network: list[Node], events: int) -> dict[str, Any]:
     start = time.perf_counter()
     in_flight: set[asyncio.Task[Any]] = set()
     payload = b"x" * 256
-    for _ in range(events):
-        t0 = time.perf_counter()
-        event = await author.publish(topic.cid, payload)
-        published_at.setdefault(event.cid, t0)
+    window = asyncio.Semaphore(64)  # publishes in flight: DHT stores overlap, as in real use
+
+    async def publish_one(i: int) -> None:
+        async with window:
+            t0 = time.perf_counter()
+            event = await author.publish(topic.cid, payload + str(i).encode())
+            published_at.setdefault(event.cid, t0)
+
+    for i in range(events):
+        await window.acquire()
+        window.release()
+        task = asyncio.create_task(publish_one(i))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
     await asyncio.wait_for(done.wait(), timeout=120)
     elapsed = last_delivery[0] - start
+    latencies = [t - published_at[cid] for cid, t in arrivals]
     for task in consumers + list(in_flight):
         task.cancel()
     received = sum(n.core.metrics["events_received"] for n in network) - baseline
