@@ -24,6 +24,7 @@ Signatures (Ed25519, 64 bytes):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 import time
@@ -31,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, TypeVar
 
 import libipld
 
@@ -208,6 +209,12 @@ def _link(value: Any, what: str, *, nullable: bool = False) -> CID | None:
     if isinstance(value, CID):
         return value
     raise SchemaError(f"{what} must be a link")
+
+
+def _version(value: Any) -> str:
+    if type(value) is not str or len(value) > MAX_VERSION_CHARS or not value.isascii():
+        raise SchemaError(f"protocolVersion must be ASCII of at most {MAX_VERSION_CHARS} chars")
+    return value
 
 
 def _signature(value: Any, what: str) -> bytes:
@@ -411,7 +418,7 @@ class TopicDescriptor:
             subtopics[_text(key, "topic.# key", MAX_NAME_BYTES)] = link
         meta = _map(wire["metadata"], "topic.metadata", _TOPIC_META_KEYS)
         created = _check_timestamp(meta["created"])
-        version = _text(meta["protocolVersion"], "protocolVersion", MAX_VERSION_CHARS)
+        version = _version(meta["protocolVersion"])
         allowed = PublishRule.from_wire(meta["allowedPublishers"], "allowedPublishers")
         request = PublishRule.from_wire(meta["requestToPublish"], "requestToPublish")
         try:
@@ -464,6 +471,8 @@ def _rule(value: PublishRule | Iterable[PeerId] | bool | None) -> PublishRule:
 
 
 # --------------------------------------------------------------------------- events
+
+_E = TypeVar("_E", bound="EventDescriptor")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -593,7 +602,7 @@ class EventDescriptor:
             raise SchemaError("event.payload must be bytes or a link to a chunk tree")
         meta = _map(wire["metadata"], "event.metadata", _EVENT_META_KEYS)
         created = _check_timestamp(meta["created"])
-        version = _text(meta["protocolVersion"], "protocolVersion", MAX_VERSION_CHARS)
+        version = _version(meta["protocolVersion"])
         author_sig = _signature(wire["authorSignature"], "event.authorSignature")
         publisher_sig: bytes | None = None
         if author == publisher:
@@ -606,19 +615,59 @@ class EventDescriptor:
         _check_canonical(wire, exact, block, cls.KIND)
         if verify_signature:
             _verify_event(cid, wire, exact, author, publisher, author_sig, publisher_sig)
-        return cls(
-            topic,
-            author,
-            publisher,
-            parent,
-            payload,
-            created,
-            version,
-            author_sig,
-            publisher_sig,
-            block,
-            cid,
+        return _build_event(
+            cls,
+            (
+                topic,
+                author,
+                publisher,
+                parent,
+                payload,
+                created,
+                version,
+                author_sig,
+                publisher_sig,
+                block,
+                cid,
+            ),
         )
+
+
+(
+    _SET_TOPIC,
+    _SET_AUTHOR,
+    _SET_PUBLISHER,
+    _SET_PARENT,
+    _SET_PAYLOAD,
+    _SET_CREATED,
+    _SET_VERSION,
+    _SET_AUTHOR_SIG,
+    _SET_PUBLISHER_SIG,
+    _SET_BLOCK,
+    _SET_CID,
+) = (getattr(EventDescriptor, f.name).__set__ for f in dataclasses.fields(EventDescriptor))
+
+
+def _build_event(cls: type[_E], v: tuple[Any, ...]) -> _E:
+    """Construct an :class:`EventDescriptor` from already validated field values.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``,
+    which measured 3.7 us for these 11 fields, a sixth of parsing an event; writing the
+    slots directly costs about 1 us. The object is exactly what ``__init__`` would make.
+    """
+    e = object.__new__(cls)
+    _SET_TOPIC(e, v[0])
+    _SET_AUTHOR(e, v[1])
+    _SET_PUBLISHER(e, v[2])
+    _SET_PARENT(e, v[3])
+    _SET_PAYLOAD(e, v[4])
+    _SET_CREATED(e, v[5])
+    _SET_VERSION(e, v[6])
+    _SET_AUTHOR_SIG(e, v[7])
+    _SET_PUBLISHER_SIG(e, v[8])
+    _SET_BLOCK(e, v[9])
+    _SET_CID(e, v[10])
+    return e
 
 
 _EVENT_KEYS: Final = {

@@ -1,0 +1,30 @@
+"""The README's Python examples run as written and print what the README says."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```\n\nIt prints `(.*?)`\n", README.read_text(), re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"), BLOCKS, ids=[f"example{i}" for i in range(len(BLOCKS))]
+)
+def test_readme_example_runs(code: str, expected: str, tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
