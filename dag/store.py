@@ -464,6 +464,20 @@ class BlockStore:
                 (bytes(key), bytes(value), now, now),
             )
 
+    def dht_put_many(self, items: Iterable[tuple[bytes, bytes]], now: float) -> None:
+        """:meth:`dht_put` for many records in one transaction: a commit costs ~185 us on
+        disk here, which would cap a node at a few thousand received STOREs per second."""
+        rows = [(bytes(k), bytes(v), now, now) for k, v in items]
+        if not rows:
+            return
+        with self._guard, self._transaction() as conn:
+            conn.executemany(
+                "INSERT INTO dht_records (key, value, stored_at, republished_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                "stored_at = excluded.stored_at, republished_at = excluded.republished_at",
+                rows,
+            )
+
     def dht_get(self, key: bytes) -> bytes | None:
         """The value of a DHT record, or None."""
         with self._guard:

@@ -5,7 +5,7 @@ with CID ``c`` is stored under the package's key for ``bytes(c)``, so a stock
 ``kademlia.network.Server`` reads our blocks with ``await server.get(bytes(c))``. What we add
 on top — verification of every stored and fetched value, durable SQLite storage with working
 republish and expiry, pipelined batched stores, hardened datagram handling, local routing
-queries and the address book — is described in ``docs/dht.md``.
+queries and the address book — is described in ``docs/architecture.md``.
 
 Dependencies point one way: ``dht`` uses ``dag`` (CIDs, identity, block store, chunk trees)
 and nothing above it.

@@ -15,6 +15,10 @@ The publishing and reading nodes run in this process; the others run in ``proces
 worker processes (default: one per CPU), as they would on separate machines, so the
 receivers' work (verification, SQLite commits) is not charged to the publisher's core.
 ``processes=0`` runs every node in this process.
+
+Where the nodes' SQLite files live matters: every replica is a durable write on the node
+that receives it, so pass ``data_dir="/dev/shm"`` to measure the network path alone and the
+default (the system temporary directory) to include the disk.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ async def bench_dht(nodes: int = 20, blocks: int = 2000, *, block_size: int = 10
     return {
         "nodes": nodes,
         "processes": processes,
+        "data_dir": data_dir or tempfile.gettempdir(),
         "blocks": blocks,
         "block_bytes": block_size,
         "replicas_mean": round(statistics.fmean(r.acks for r in results), 2),

@@ -72,9 +72,11 @@ class Maintainer:
         self._clock = clock
         self._new_contacts: list[Node] = []
         self._handoff_running = False
+        # hooked up at once, so the contacts met while bootstrapping get their handoff too
+        protocol.on_new_contact = self.contact_added
 
     def start(self) -> None:
-        self._protocol.on_new_contact = self.contact_added
+        """Start the periodic passes (the first one runs at once)."""
         self._protocol.spawn(self._run())
 
     async def _run(self) -> None:

@@ -7,7 +7,7 @@ What changes against the package, and why:
   malformed, oversized, unknown-RPC and stray datagrams are counted, logged (throttled) and
   dropped. ``rpcudp`` instead spawns two tasks per datagram and lets a bad one raise inside
   them. Handlers are synchronous (SQLite is local), so a request is answered without creating
-  any task at all.
+  any task at all; a STORE is answered from a callback once its group commit is done.
 * **STORE** accepts a value only if it hashes to the key (:mod:`dht.storage`), within a per
   sender and a global rate limit. **STORE_BATCH** (ours; stock nodes ignore it) carries
   several small blocks in one datagram, which is what makes pipelined puts cheap.
@@ -298,11 +298,15 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         return self.handle_call_response((ok, ok and parse_store(data)), node_to_ask)
 
     def handle_call_response(self, result: RpcResult, node: Node) -> RpcResult:
+        """An answer keeps a contact fresh; silence removes it (unless we are the ones
+        shutting down, which is no evidence against the peer)."""
         if result[0]:
-            self.book.saw(node.id, node.ip, node.port, time.time())
-        elif self._closed:
-            return result  # our own shutdown is no evidence against the peer
-        return super().handle_call_response(result, node)  # type: ignore[no-any-return]
+            self.welcome_if_new(node)
+        elif not self._closed:
+            self._throttle.log(logging.INFO, "silent", time.monotonic(),
+                               "no response from %s, removing it from the routing table", node)
+            self.router.remove_contact(node)
+        return result
 
     # -- handlers -------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ The package's ``ForgetfulStorage`` keeps records in a dict, stamps them with
 with wall-clock ``stored_at`` / ``republished_at`` stamps, so a restarted node still holds and
 serves what it held, and ``dht.maintenance`` can republish and expire them properly.
 
-Every write is verified first (:func:`dht.keys.record_cid`): a value is accepted only if it
+Every write is verified first (:func:`dht.keys.record_matches`): a value is accepted only if it
 hashes to its key, whether it came from a STORE request, a local put, or the package's own
 code calling ``storage[key] = value``.
 
@@ -29,7 +29,7 @@ from kademlia.storage import IStorage
 
 from dag.store import BlockStore
 
-from .keys import record_cid
+from .keys import record_matches
 from .stats import DhtStats
 
 __all__ = ["RecordStorage"]
@@ -64,7 +64,7 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def accepts(self, key: bytes, value: object) -> bool:
         """Whether ``value`` may be stored under ``key``: it hashes to the key, and there is
         room. Counts refusals in the stats."""
-        if record_cid(key, value) is None:
+        if not record_matches(key, value):
             self._stats.stores_refused += 1
             return False
         if not self._has_room(key):
@@ -140,13 +140,7 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def _write(self, rows: list[tuple[bytes, bytes]], now: float) -> None:
         if not rows:
             return
-        put_many = getattr(self._store, "dht_put_many", None)
-        if put_many is not None:
-            put_many(rows, now)  # one transaction
-        else:
-            # BlockStore has no batched DHT write yet: one commit per row (see docs/dht.md).
-            for key, value in rows:
-                self._store.dht_put(key, value, now)
+        self._store.dht_put_many(rows, now)  # one transaction
 
     def touch(self, key: bytes, value: bytes, now: float) -> None:
         """Restamp a record we keep holding (``stored_at`` and ``republished_at`` = now)."""

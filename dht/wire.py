@@ -207,6 +207,10 @@ def decode_datagram(data: bytes) -> Request | Response:
         fast = _decode_store_batch(data[1 + MSG_ID_SIZE :])
         if fast is not None:
             return Request(msg_id, "store_batch", fast)
+    else:
+        flags = _decode_flags(data[1 + MSG_ID_SIZE :])
+        if flags is not None:
+            return Response(msg_id, flags)
     try:
         body = umsgpack.unpackb(data[1 + MSG_ID_SIZE :])
     except Exception as exc:  # umsgpack raises many types, RecursionError included
@@ -239,9 +243,25 @@ def encode_request(msg_id: bytes, name: str, args: Sequence[object]) -> bytes:
     return REQUEST + msg_id + body
 
 
+_FLAG = {True: b"\xc3", False: b"\xc2"}
+
+
 def encode_response(msg_id: bytes, data: object) -> bytes:
+    if type(data) is list and len(data) < 16 and all(type(f) is bool for f in data):
+        # a STORE_BATCH answer, the other hot message: a fixarray of booleans
+        return RESPONSE + msg_id + bytes([0x90 | len(data)]) + b"".join(_FLAG[f] for f in data)
     body: bytes = umsgpack.packb(data)
     return RESPONSE + msg_id + body
+
+
+def _decode_flags(body: bytes) -> list[bool] | None:
+    """A fixarray of booleans (a STORE_BATCH answer), or None for anything else."""
+    if not body or not 0x91 <= body[0] <= 0x9F or len(body) != 1 + (body[0] & 0x0F):
+        return None
+    flags = body[1:]
+    if flags.strip(b"\xc2\xc3"):
+        return None
+    return [f == 0xC3 for f in flags]
 
 
 def _node_triple(item: object) -> NodeTriple | None:

@@ -509,3 +509,13 @@ def test_sigkill_mid_write_loses_no_committed_batch(db: Path) -> None:
         reported |= {index for index, _ in commits}
         first = _check_after_crash(db, reported)
         assert first >= max(reported) + 1
+
+
+def test_dht_put_many_is_one_upsert_batch(tmp_path: Path) -> None:
+    with BlockStore(tmp_path / "s.sqlite3") as store:
+        store.dht_put(b"k1", b"old", 1.0)
+        store.dht_put_many([(b"k1", b"new"), (b"k2", b"v2")], 5.0)
+        assert store.dht_get(b"k1") == b"new" and store.dht_get(b"k2") == b"v2"
+        assert sorted((k, t) for k, _, t in store.dht_iter()) == [(b"k1", 5.0), (b"k2", 5.0)]
+        store.dht_put_many([], 6.0)
+        assert store.dht_len() == 2

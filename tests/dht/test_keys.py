@@ -11,7 +11,13 @@ from kademlia.utils import digest
 
 from dag.cid import CID, cid_of, cid_of_raw
 from dht import MAX_BLOCK_SIZE, BlockTooLarge, UnsupportedCID, dht_key
-from dht.keys import MAX_RPC_SIZE, check_block_size, check_fetchable, record_cid
+from dht.keys import (
+    MAX_RPC_SIZE,
+    check_block_size,
+    check_fetchable,
+    record_cid,
+    record_matches,
+)
 
 
 def test_key_is_the_packages_digest_of_the_binary_cid() -> None:
@@ -25,11 +31,15 @@ def test_record_cid_accepts_a_value_under_its_own_key(make: object) -> None:
     value = os.urandom(100)
     cid = make(value)  # type: ignore[operator]
     assert record_cid(dht_key(cid), value) == cid
+    assert record_matches(dht_key(cid), value)
 
 
 def test_record_cid_refuses_everything_else() -> None:
     value = os.urandom(100)
     key = dht_key(cid_of(value))
+    for bad_key, bad_value in [(key, value + b"x"), (key, value.hex()), (key[:19], value),
+                               (dht_key(cid_of(b"other")), value), (key, bytearray(value))]:
+        assert not record_matches(bad_key, bad_value)
     assert record_cid(key, value + b"x") is None  # tampered
     assert record_cid(dht_key(cid_of(b"other")), value) is None  # someone else's key
     assert record_cid(key, value.hex()) is None  # not bytes

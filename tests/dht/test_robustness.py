@@ -70,7 +70,7 @@ async def test_a_flood_of_stores_is_rate_limited(
                                     dht_key(cid_of_raw(v)), v) for v in values]
         done = await asyncio.wait_for(asyncio.gather(*answers), 10)
     accepted = sum(1 for a in done if a is True)
-    assert 200 <= accepted < 400  # the burst, plus what refilled meanwhile
+    assert 200 <= accepted < len(values) // 2  # the burst, plus what refilled meanwhile
     assert node.stats.stores_rate_limited == len(values) - accepted
     assert any("rate limit" in r.getMessage() for r in caplog.records)
     # a flood of forged values costs a hash each and is refused

@@ -103,6 +103,21 @@ def test_store_batch_answers_must_match_the_batch() -> None:
         wire.parse_store_batch([True], 2)
 
 
+@pytest.mark.parametrize("count", range(16))
+def test_store_batch_answers_are_encoded_and_read_like_umsgpack(count: int) -> None:
+    flags = [i % 3 != 1 for i in range(count)]
+    datagram = wire.encode_response(MSG, flags)
+    assert datagram == b"\x01" + MSG + umsgpack.packb(flags)
+    assert decode_datagram(datagram) == Response(MSG, flags)
+
+
+def test_other_answers_still_go_through_umsgpack() -> None:
+    for data in ([True, 1], [True] * 20, {"value": b"v"}, [[NODE, "127.0.0.1", 1]], True):
+        datagram = wire.encode_response(MSG, data)
+        assert datagram == b"\x01" + MSG + umsgpack.packb(data)
+        assert decode_datagram(datagram) == Response(MSG, data)
+
+
 def test_requests_over_the_rpc_limit_are_not_sent() -> None:
     with pytest.raises(ValueError, match="limit"):
         wire.encode_request(MSG, "store", (NODE, NODE, bytes(8200)))
