@@ -74,7 +74,7 @@ class Node:
         self.dht = dht
         self.transport = transport
         self._routing = routing
-        self.core = PulsarCore(identity, routing, config.core)
+        self.core = PulsarCore(identity, routing, config.core, lookup=self._local_block)
         self._loop = asyncio.get_running_loop()
         self._requests = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[EventDescriptor]] = {}
@@ -515,6 +515,10 @@ class Node:
         block = await self._get_block(cid)
         if not self._stopped:
             self._apply(self.core.handle(ev.BlockFetched(cid, block), time.time()))
+
+    def _local_block(self, cid: CID) -> bytes | None:
+        """A block this node holds (for answering GRAFT), pending writes included."""
+        return self._pending_blocks.get(cid) or self.store.get(cid)
 
     async def _get_block(self, cid: CID) -> bytes | None:
         pending = self._pending_blocks.get(cid)

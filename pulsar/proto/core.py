@@ -44,7 +44,9 @@ from dag import (
 )
 
 from . import events as ev
+from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
+from .plumtree import Plumtree, PlumtreeConfig
 
 __all__ = ["CoreConfig", "PulsarCore", "RetryParent", "RootCheck", "Routing", "TreeView"]
 
@@ -139,6 +141,9 @@ class PulsarCore:
         routing: Routing,
         config: CoreConfig | None = None,
         rng: random.Random | None = None,
+        *,
+        lookup: Callable[[CID], bytes | None] | None = None,
+        plumtree: PlumtreeConfig | None = None,
     ) -> None:
         self.identity = identity
         self.me = identity.peer_id
@@ -146,6 +151,9 @@ class PulsarCore:
         self.config = config or CoreConfig()
         self.rng = rng or random.Random(0)
         self._trees: dict[CID, _Tree] = {}
+        self.lazy = Plumtree(
+            self.me, self._tree_edges, lookup or (lambda cid: None), plumtree, self.rng
+        )
         self._topics: dict[CID, TopicDescriptor] = {}
         self._lineage: dict[CID, CID] = {}  # topic version -> first version
         self._fetching: dict[CID, list[tuple[PeerId | None, Any]]] = {}
@@ -179,6 +187,12 @@ class PulsarCore:
             RequestToPublish: self._on_request,
             Ping: self._on_ping,
             Pong: lambda peer, msg, now: [],
+            IHave: lambda peer, msg, now: self.lazy.on_ihave(
+                peer, msg, self._known_in(msg.topic), now
+            ),
+            Graft: self.lazy.on_graft,
+            Prune: self.lazy.on_prune,
+            Shuffle: self.lazy.on_shuffle,
         }
 
     # ------------------------------------------------------------------ public surface
@@ -213,6 +227,19 @@ class PulsarCore:
     def is_subscribed(self, topic: CID) -> bool:
         t = self._trees.get(topic)
         return t is not None and t.deliver
+
+    def _tree_edges(self, topic: CID) -> set[PeerId]:
+        tree = self._trees.get(topic)
+        return set() if tree is None else tree.neighbours()
+
+    def _known_in(self, topic: CID) -> Callable[[CID], bool]:
+        tree = self._trees.get(topic)
+        seen = {} if tree is None else tree.seen
+        return seen.__contains__
+
+    def _eager(self, tree: _Tree) -> list[PeerId]:
+        """Where an event goes eagerly: the tree edges plus links grafted by repair."""
+        return sorted(tree.neighbours() | self.lazy.eager_extra(tree.topic.cid), key=bytes)
 
     # ------------------------------------------------------------------ routing
 
@@ -265,7 +292,7 @@ class PulsarCore:
             tree.deliver = tree.deliver or cmd.deliver
             return out
         tree = self._new_tree(topic, cmd.deliver)
-        return out + self._join(tree, now)
+        return out + self.lazy.start(topic.cid) + self._join(tree, now)
 
     def _new_tree(self, topic: TopicDescriptor, deliver: bool) -> _Tree:
         tree = _Tree(topic=topic, latest=topic, deliver=deliver)
@@ -279,6 +306,7 @@ class PulsarCore:
         tree = self._trees.pop(cmd.topic, None)
         if tree is None:
             return []
+        self.lazy.stop(cmd.topic)
         leave = Leave(cmd.topic)
         # Children are told too: they route a new JOIN around us, so the subtree never
         # hangs off a node that no longer forwards.
@@ -340,9 +368,10 @@ class PulsarCore:
             out.append(ev.Deliver(topic_cid, event, 0))
         self._match_request(tree, event, out)
         message = Event(topic_cid, event.block, 1)
-        for peer in sorted(tree.neighbours(), key=bytes):
+        for peer in self._eager(tree):
             out.append(ev.Send(peer, message))
             self.metrics["forwarded"] += 1
+        out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
         return out
 
     # ------------------------------------------------------------------ messages
@@ -368,10 +397,12 @@ class PulsarCore:
                 return self._reject(peer, "join must name a topic's first version")
             out = self._register_version(topic, now)
             tree = self._new_tree(topic, deliver=False)
+            out += self.lazy.start(topic.cid)
         if peer in tree.parents:
             return self._reject(peer, "join from our own parent")
         tree.children.add(peer)
         tree.retries.pop(peer, None)
+        self.lazy.learn(msg.topic, [peer], now)
         if tree.in_tree():
             return out
         return out + self._join(tree, now)
@@ -398,6 +429,7 @@ class PulsarCore:
         if tree.requests or any(p[0] == tree.topic.cid for p in self._pending_store.values()):
             return []
         del self._trees[tree.topic.cid]
+        self.lazy.stop(tree.topic.cid)
         leave = Leave(tree.topic.cid)
         return [ev.Send(peer, leave) for peer in sorted(tree.parents, key=bytes)]
 
@@ -409,7 +441,7 @@ class PulsarCore:
         cid = cid_of(msg.block)
         if cid in tree.seen:
             self.metrics["duplicates"] += 1
-            return []
+            return self.lazy.duplicate(msg.topic, peer)
         try:
             event = EventDescriptor.from_block(msg.block, cid)
         except InvalidDescriptor as exc:
@@ -425,9 +457,11 @@ class PulsarCore:
             return self._reject(peer, str(exc))
         if peer is not None:
             tree.retries.pop(peer, None)
-        return self._accept(tree, event, msg.hop, peer)
+        return self._accept(tree, event, msg.hop, peer, now)
 
-    def _accept(self, tree: _Tree, event: EventDescriptor, hop: int, sender: PeerId | None) -> Out:
+    def _accept(
+        self, tree: _Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
+    ) -> Out:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
         out: Out = [ev.StoreLocal(event.cid, event.block)]
@@ -438,10 +472,11 @@ class PulsarCore:
             out.append(ev.Deliver(tree.topic.cid, event, hop))
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
-        for peer in sorted(tree.neighbours(), key=bytes):
+        for peer in self._eager(tree):
             if peer != sender:
                 out.append(ev.Send(peer, forward))
                 self.metrics["forwarded"] += 1
+        out += self.lazy.accepted(tree.topic.cid, event.cid, hop, sender, now)
         return out
 
     def _match_request(self, tree: _Tree, event: EventDescriptor, out: Out) -> None:
@@ -484,6 +519,7 @@ class PulsarCore:
     def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> Out:
         out: Out = []
         peer = down.peer
+        self.lazy.peer_down(peer)
         for tree in list(self._trees.values()):
             if peer in tree.children:
                 tree.children.discard(peer)
@@ -524,6 +560,9 @@ class PulsarCore:
             if request is None:
                 return []
             return [ev.PublishFailed(request, "no event came back for the request to publish")]
+        topic = getattr(timer, "topic", None)
+        if isinstance(topic, CID):
+            return self.lazy.on_timer(timer, self._known_in(topic), now)
         return []
 
     # ------------------------------------------------------------------ topic versions

@@ -102,8 +102,11 @@ class SimNetwork:
             others = [p for p in ids if p != identity.peer_id]
             if bucket_size is not None:
                 others = self._buckets(identity.peer_id, others, bucket_size)
-            core = PulsarCore(identity, _KnownPeers(others), config, random.Random(seed))
-            self.nodes[identity.peer_id] = SimNode(identity, core)
+            store: dict[CID, bytes] = {}
+            core = PulsarCore(
+                identity, _KnownPeers(others), config, random.Random(seed), lookup=store.get
+            )
+            self.nodes[identity.peer_id] = SimNode(identity, core, store)
         self._request = 0
 
     def _buckets(self, me: PeerId, others: list[PeerId], size: int) -> list[PeerId]:

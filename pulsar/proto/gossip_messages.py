@@ -1,0 +1,113 @@
+"""Wire messages of the lazy-repair (Plumtree) layer: IHAVE, GRAFT, PRUNE, SHUFFLE.
+
+They follow :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, every field
+validated on decode) and register themselves with its decoder on import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from dag import CID, PeerId
+
+from .messages import MAX_HOPS, MessageError, _cid, _uint, register
+
+__all__ = ["MAX_IHAVE", "MAX_SAMPLE", "Graft", "IHave", "Prune", "Shuffle"]
+
+MAX_IHAVE: Final = 512
+MAX_SAMPLE: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class IHave:
+    """"I have these events of ``topic``", with the hop count each arrived at here."""
+
+    topic: CID
+    entries: tuple[tuple[CID, int], ...]
+    T: ClassVar[str] = "ihave"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "ids": [[c, h] for c, h in self.entries]}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> IHave:
+        ids = m["ids"]
+        if not isinstance(ids, list) or len(ids) > MAX_IHAVE:
+            raise MessageError(f"ihave.ids must be a list of at most {MAX_IHAVE}")
+        entries = []
+        for item in ids:
+            if not isinstance(item, list) or len(item) != 2:
+                raise MessageError("ihave entries are [cid, hop] pairs")
+            entries.append((_cid(item[0], "ihave.id"), _uint(item[1], "ihave.hop", MAX_HOPS)))
+        return cls(_cid(m["topic"], "ihave.topic"), tuple(entries))
+
+
+@dataclass(frozen=True, slots=True)
+class Graft:
+    """Make the link to the sender eager for ``topic`` and, if ``event`` is set, send it."""
+
+    topic: CID
+    event: CID | None
+    T: ClassVar[str] = "graft"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "event": self.event}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Graft:
+        event = None if m["event"] is None else _cid(m["event"], "graft.event")
+        return cls(_cid(m["topic"], "graft.topic"), event)
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """Make the link to the sender lazy again for ``topic`` (it sent us a duplicate)."""
+
+    topic: CID
+    T: ClassVar[str] = "prune"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Prune:
+        return cls(_cid(m["topic"], "prune.topic"))
+
+
+@dataclass(frozen=True, slots=True)
+class Shuffle:
+    """A sample of ``topic``'s members (HyParView's passive-view shuffle); ``reply`` marks
+    the answer, which is not answered again."""
+
+    topic: CID
+    peers: tuple[PeerId, ...]
+    reply: bool
+    T: ClassVar[str] = "shuffle"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "t": self.T,
+            "topic": self.topic,
+            "peers": [p.raw for p in self.peers],
+            "reply": self.reply,
+        }
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Shuffle:
+        peers = m["peers"]
+        if not isinstance(peers, list) or len(peers) > MAX_SAMPLE:
+            raise MessageError(f"shuffle.peers must be a list of at most {MAX_SAMPLE}")
+        if not isinstance(m["reply"], bool):
+            raise MessageError("shuffle.reply must be a boolean")
+        try:
+            sample = tuple(PeerId(p) for p in peers)
+        except (ValueError, TypeError) as exc:
+            raise MessageError(f"shuffle.peers: {exc}") from None
+        return cls(_cid(m["topic"], "shuffle.topic"), sample, m["reply"])
+
+
+register(IHave, {"topic", "ids"})
+register(Graft, {"topic", "event"})
+register(Prune, {"topic"})
+register(Shuffle, {"topic", "peers", "reply"})

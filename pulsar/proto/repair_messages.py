@@ -1,0 +1,181 @@
+"""Wire messages of the backfill layer: WANT, BLOCKS and HEADS.
+
+They follow :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, exactly the
+listed keys, every field validated on decode) and register themselves with its decoder on
+import, so :func:`~pulsar.proto.messages.decode_message` knows them.
+
+=========  =====================================================================  ============
+``t``      keys                                                                   meaning
+=========  =====================================================================  ============
+``want``   ``topic`` link, ``head`` link, ``limit`` uint 1..1024,                 send ``head``
+           ``have`` [link] (<= 32), ``after`` timestamp or null                   and ancestors
+``blocks`` ``topic`` link, ``head`` link (the WANT's), ``blocks`` [bytes]         the answer
+           (<= 1024 blocks, each <= 8192 bytes, <= 1 MiB in all)
+``heads``  ``topic`` link, ``heads`` [link] (<= 256, no duplicates)               my DAG tips
+=========  =====================================================================  ============
+
+A WANT asks for ``head`` and its ancestors, newest first, in **one** BLOCKS answer. The
+answerer walks parent links from ``head`` and stops at the first block it lacks, after
+``limit`` blocks, before any block named in ``have`` (the asker has it), after the first
+block created before ``after`` (the asker's subscription horizon: that block is included so
+the asker learns where its history begins), or when the next block would exceed its byte
+budget. An empty answer means "I have nothing of that": the asker moves on to the DHT at
+once instead of waiting for a timeout.
+
+Two fields go beyond the minimal ``(topic, head, limit)`` request, because each saves a
+whole batch of useless blocks: ``have`` stops the walk where the asker's history resumes
+(a node back from a partition needs only what it missed, not ``limit`` more), and ``after``
+stops it at the asker's subscription horizon (a fresh subscriber's first gap is one block,
+not ``limit``). BLOCKS echoes ``head`` so an answer is paired with its request even when
+it is empty. The caps are chosen so one answer always fits one frame
+(:data:`~pulsar.proto.messages.MAX_MESSAGE_SIZE`): a WANT may ask for up to 1024 blocks,
+which with the usual ~400-byte events is ~400 KiB; the answerer's byte budget ends the batch
+earlier when the events are large.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from dag import CID
+from dag.descriptors import parse_timestamp
+from dag.errors import SchemaError
+
+from .messages import MAX_MESSAGE_SIZE, MessageError, _cid, _uint, register
+
+__all__ = [
+    "BLOCKS_OVERHEAD",
+    "MAX_ANSWER_BYTES",
+    "MAX_BLOCK",
+    "MAX_BLOCKS",
+    "MAX_BLOCKS_BYTES",
+    "MAX_HAVE",
+    "MAX_HEADS",
+    "MAX_WANT_LIMIT",
+    "Blocks",
+    "Heads",
+    "Want",
+]
+
+MAX_WANT_LIMIT: Final = 1024
+"""Most blocks one WANT may ask for."""
+MAX_HAVE: Final = 32
+"""Most ``have`` CIDs in a WANT (the asker's newest heads)."""
+MAX_BLOCKS: Final = MAX_WANT_LIMIT
+"""Most blocks in one BLOCKS answer: a full answer to the largest WANT."""
+MAX_BLOCK: Final = 8192
+"""Largest block in a BLOCKS answer (descriptors are at most 7 KiB; same cap as ``event``)."""
+MAX_BLOCKS_BYTES: Final = 1 << 20
+"""Most block bytes in one BLOCKS answer. Answerers budget less, so the frame also fits."""
+MAX_HEADS: Final = 256
+"""Most heads in one HEADS message."""
+BLOCKS_OVERHEAD: Final = 16 * 1024
+"""Room left in a frame for the BLOCKS map around its blocks (3 bytes of CBOR header per
+block, the keys, two links): an answerer never budgets more than
+``MAX_MESSAGE_SIZE - BLOCKS_OVERHEAD`` block bytes."""
+MAX_ANSWER_BYTES: Final = MAX_MESSAGE_SIZE - BLOCKS_OVERHEAD
+
+
+def _links(value: Any, what: str, limit: int) -> tuple[CID, ...]:
+    if not isinstance(value, list | tuple) or len(value) > limit:
+        raise MessageError(f"{what} must be a list of at most {limit} links")
+    links = tuple(_cid(item, what) for item in value)
+    if len(set(links)) != len(links):
+        raise MessageError(f"{what} lists a link twice")
+    return links
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """Ask for ``head`` and its ancestors, newest first, up to ``limit`` blocks, in one
+    :class:`Blocks` answer (see the module docstring for where the walk stops)."""
+
+    topic: CID
+    head: CID
+    limit: int
+    have: tuple[CID, ...] = ()
+    after: str | None = None
+    T: ClassVar[str] = "want"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "t": self.T,
+            "topic": self.topic,
+            "head": self.head,
+            "limit": self.limit,
+            "have": list(self.have),
+            "after": self.after,
+        }
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Want:
+        limit = _uint(m["limit"], "want.limit", MAX_WANT_LIMIT)
+        if limit == 0:
+            raise MessageError("want.limit must be at least 1")
+        after = m["after"]
+        if after is not None:
+            if not isinstance(after, str) or len(after) > 32:
+                raise MessageError("want.after must be a timestamp or null")
+            try:
+                parse_timestamp(after)
+            except SchemaError as exc:
+                raise MessageError(f"want.after: {exc}") from None
+        return cls(
+            _cid(m["topic"], "want.topic"),
+            _cid(m["head"], "want.head"),
+            limit,
+            _links(m["have"], "want.have", MAX_HAVE),
+            after,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """The one-batch answer to a :class:`Want` for ``head``: event blocks, newest first.
+    Nothing in it is trusted: the asker checks every block against the CID it is missing
+    and verifies it like an event from the tree."""
+
+    topic: CID
+    head: CID
+    blocks: tuple[bytes, ...]
+    T: ClassVar[str] = "blocks"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "head": self.head, "blocks": list(self.blocks)}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Blocks:
+        blocks = m["blocks"]
+        if not isinstance(blocks, list) or len(blocks) > MAX_BLOCKS:
+            raise MessageError(f"blocks.blocks must be a list of at most {MAX_BLOCKS}")
+        total = 0
+        for block in blocks:
+            if not isinstance(block, bytes) or not 0 < len(block) <= MAX_BLOCK:
+                raise MessageError(f"blocks.blocks entries must be 1..{MAX_BLOCK} bytes")
+            total += len(block)
+        if total > MAX_BLOCKS_BYTES:
+            raise MessageError(f"blocks carry {total} bytes, more than {MAX_BLOCKS_BYTES}")
+        return cls(_cid(m["topic"], "blocks.topic"), _cid(m["head"], "blocks.head"), tuple(blocks))
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """The sender's heads of ``topic`` (events with no known children): anti-entropy
+    between tree and lazy neighbours, so branches nobody forwarded are found."""
+
+    topic: CID
+    heads: tuple[CID, ...]
+    T: ClassVar[str] = "heads"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "heads": list(self.heads)}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Heads:
+        return cls(_cid(m["topic"], "heads.topic"), _links(m["heads"], "heads.heads", MAX_HEADS))
+
+
+register(Want, {"topic", "head", "limit", "have", "after"})
+register(Blocks, {"topic", "head", "blocks"})
+register(Heads, {"topic", "heads"})

@@ -1,0 +1,165 @@
+"""The lazy-repair layer: exact outputs for scripted inputs, and repair under loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dag import CID, Identity, cid_of
+from pulsar.proto import events as ev
+from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.messages import Event, MessageError, decode_message, encode_message
+from pulsar.proto.plumtree import (
+    DispatchTimer,
+    GraftTimer,
+    Plumtree,
+    PlumtreeConfig,
+    ShuffleTimer,
+)
+
+from .test_core import _network, _payloads, _subscribe_all, _topic
+
+TOPIC = cid_of(b"\xa1atb")
+ME = Identity.from_seed(b"m" * 32).peer_id
+PEERS = [Identity.from_seed(bytes([i]) * 32).peer_id for i in range(1, 8)]
+TREE = {PEERS[0]}
+
+
+def _layer(blocks: dict[CID, bytes] | None = None, **config: Any) -> Plumtree:
+    store = blocks or {}
+    layer = Plumtree(ME, lambda topic: set(TREE), store.get, PlumtreeConfig(**config))
+    layer.start(TOPIC)
+    return layer
+
+
+def test_start_schedules_a_shuffle() -> None:
+    layer = Plumtree(ME, lambda t: set(), lambda c: None)
+    out = layer.start(TOPIC)
+    assert len(out) == 1 and out[0].timer == ShuffleTimer(TOPIC)
+    assert layer.start(TOPIC) == []
+
+
+def test_lazy_peers_come_from_the_passive_view_not_the_tree() -> None:
+    layer = _layer(lazy_peers=2)
+    layer.learn(TOPIC, PEERS[:4], now=0.0)
+    lazy = layer.lazy(TOPIC)
+    assert len(lazy) == 2 and PEERS[0] not in lazy and ME not in lazy
+
+
+def test_accepted_events_are_announced_in_one_batch() -> None:
+    layer = _layer(lazy_peers=1)
+    layer.learn(TOPIC, [PEERS[1]], now=0.0)
+    a, b = cid_of(b"\x01"), cid_of(b"\x02")
+    first = layer.accepted(TOPIC, a, 2, PEERS[0], 0.0)
+    assert first == [ev.SetTimer(0.05, DispatchTimer(TOPIC))]
+    assert layer.accepted(TOPIC, b, 3, PEERS[0], 0.0) == []  # timer already armed
+    out = layer.on_timer(DispatchTimer(TOPIC), lambda c: True, 0.1)
+    assert out == [ev.Send(PEERS[1], IHave(TOPIC, ((a, 2), (b, 3))))]
+
+
+def test_missing_event_is_grafted_from_announcers_in_turn() -> None:
+    layer = _layer()
+    missing = cid_of(b"\x03")
+    out = layer.on_ihave(PEERS[2], IHave(TOPIC, ((missing, 4),)), lambda c: False, 0.0)
+    assert out == [ev.SetTimer(0.5, GraftTimer(TOPIC, missing))]
+    assert layer.on_ihave(PEERS[3], IHave(TOPIC, ((missing, 2),)), lambda c: False, 0.1) == []
+    out = layer.on_timer(GraftTimer(TOPIC, missing), lambda c: False, 0.5)
+    assert out == [
+        ev.Send(PEERS[2], Graft(TOPIC, missing)),
+        ev.SetTimer(0.25, GraftTimer(TOPIC, missing)),
+    ]
+    assert PEERS[2] in layer.eager_extra(TOPIC)
+    out = layer.on_timer(GraftTimer(TOPIC, missing), lambda c: False, 0.75)
+    assert out[0] == ev.Send(PEERS[3], Graft(TOPIC, missing))
+    # Once it arrives, nothing more is asked for.
+    layer.accepted(TOPIC, missing, 3, PEERS[3], 0.8)
+    assert layer.on_timer(GraftTimer(TOPIC, missing), lambda c: True, 1.0) == []
+
+
+def test_known_events_in_an_ihave_are_ignored() -> None:
+    layer = _layer()
+    have = cid_of(b"\x04")
+    assert layer.on_ihave(PEERS[2], IHave(TOPIC, ((have, 1),)), lambda c: True, 0.0) == []
+
+
+def test_graft_is_answered_with_the_event_and_duplicates_prune() -> None:
+    block = b"\xa0"
+    cid = cid_of(block)
+    layer = _layer({cid: block})
+    layer.accepted(TOPIC, cid, 2, PEERS[0], 0.0)
+    out = layer.on_graft(PEERS[4], Graft(TOPIC, cid), 0.1)
+    assert out == [ev.Send(PEERS[4], Event(TOPIC, block, 3))]
+    assert PEERS[4] in layer.eager_extra(TOPIC)
+    # A grafted (non-tree) peer that sends a duplicate is pruned; a tree edge never is.
+    assert layer.duplicate(TOPIC, PEERS[4]) == [ev.Send(PEERS[4], Prune(TOPIC))]
+    assert PEERS[4] not in layer.eager_extra(TOPIC) and PEERS[4] in layer.lazy(TOPIC)
+    assert layer.duplicate(TOPIC, PEERS[0]) == []
+    layer.on_graft(PEERS[5], Graft(TOPIC, None), 0.2)
+    layer.on_prune(PEERS[5], Prune(TOPIC), 0.3)
+    assert PEERS[5] not in layer.eager_extra(TOPIC)
+
+
+def test_shuffle_is_answered_once_and_dead_peers_are_forgotten() -> None:
+    layer = _layer()
+    out = layer.on_shuffle(PEERS[1], Shuffle(TOPIC, (PEERS[2], PEERS[3]), False), 0.0)
+    assert len(out) == 1 and isinstance(out[0].message, Shuffle) and out[0].message.reply
+    assert layer.on_shuffle(PEERS[1], Shuffle(TOPIC, (PEERS[4],), True), 0.0) == []
+    layer.peer_down(PEERS[2])
+    assert PEERS[2] not in layer.lazy(TOPIC)
+
+
+def test_passive_entries_expire() -> None:
+    layer = _layer(passive_ttl=10.0)
+    layer.learn(TOPIC, [PEERS[1]], now=0.0)
+    assert PEERS[1] in layer.lazy(TOPIC)
+    layer.on_timer(ShuffleTimer(TOPIC), lambda c: True, 20.0)
+    assert PEERS[1] not in layer.lazy(TOPIC)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        IHave(TOPIC, ((TOPIC, 3),)),
+        Graft(TOPIC, None),
+        Graft(TOPIC, TOPIC),
+        Prune(TOPIC),
+        Shuffle(TOPIC, (PEERS[0], PEERS[1]), True),
+    ],
+)
+def test_messages_roundtrip(message: Any) -> None:
+    assert decode_message(encode_message(message)) == message
+
+
+def test_malformed_repair_messages_are_refused() -> None:
+    from dag import encode
+
+    for wire in (
+        {"t": "ihave", "topic": TOPIC, "ids": [[TOPIC]]},
+        {"t": "ihave", "topic": TOPIC, "ids": [[TOPIC, 1]] * 600},
+        {"t": "shuffle", "topic": TOPIC, "peers": [b"x"], "reply": False},
+        {"t": "shuffle", "topic": TOPIC, "peers": [], "reply": 1},
+        {"t": "graft", "topic": TOPIC},
+    ):
+        with pytest.raises(MessageError):
+            decode_message(encode(wire))
+
+
+@pytest.mark.parametrize("loss", [0.05, 0.1])
+def test_repair_recovers_most_losses_in_a_lossy_network(loss: float) -> None:
+    """Plumtree alone (backfill is another layer): far better than the tree without it."""
+    net, author = _network(30, bucket_size=1, loss=loss, seed=7)
+    nodes = list(net.nodes.values())
+    topic = _topic(author.identity)
+    _subscribe_all(net, topic, nodes)
+    for i in range(100):
+        net.publish(author, topic.cid, b"e%d" % i)
+        net.run(until=net.now + 0.05)
+    net.settle()
+    delivered = sum(len(set(_payloads(n, topic.cid))) for n in nodes[1:])
+    grafts = sum(n.core.lazy.metrics["grafts"] for n in nodes)
+    assert grafts > 0
+    assert delivered >= 0.985 * 29 * 100
+    for node in nodes[1:]:  # never twice
+        assert len(_payloads(node, topic.cid)) == len(set(_payloads(node, topic.cid)))
+
