@@ -288,11 +288,29 @@ def _check_canonical(wire: dict[str, Any], exact: bool, block: bytes, kind: str)
         )
 
 
+class _ContentAddressed:
+    """Descriptors are values whose identity is their CID: equal when their blocks are equal,
+    hashed by CID, and serialised as the very block they were parsed from."""
+
+    __slots__ = ()
+    cid: CID
+    block: bytes
+
+    def to_block(self) -> bytes:
+        return self.block
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.cid == self.cid
+
+    def __hash__(self) -> int:
+        return hash(self.cid)
+
+
 # --------------------------------------------------------------------------- topics
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class TopicDescriptor:
+class TopicDescriptor(_ContentAddressed):
     """A signed topic (paper, listing 1). Build with :meth:`create`; parse with
     :meth:`from_block`. ``subtopics`` holds the ``#`` links; every topic except a meta topic
     links its meta topic as ``#meta``."""
@@ -338,15 +356,6 @@ class TopicDescriptor:
         """Whether ``peer`` may ask an allowed publisher to publish on its behalf."""
         rule = self.request_to_publish
         return rule.enabled and (not rule.peers or rule.lists(peer))
-
-    def to_block(self) -> bytes:
-        return self.block
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TopicDescriptor) and other.cid == self.cid
-
-    def __hash__(self) -> int:
-        return hash(self.cid)
 
     @classmethod
     def create(
@@ -476,7 +485,7 @@ _E = TypeVar("_E", bound="EventDescriptor")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class EventDescriptor:
+class EventDescriptor(_ContentAddressed):
     """A signed event (paper, listing 2). ``payload`` is the inline bytes, or the
     :class:`CID` of a chunk tree (see :mod:`dag.chunks`) when the payload is large."""
 
@@ -501,15 +510,6 @@ class EventDescriptor:
     @property
     def is_inline(self) -> bool:
         return isinstance(self.payload, bytes)
-
-    def to_block(self) -> bytes:
-        return self.block
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EventDescriptor) and other.cid == self.cid
-
-    def __hash__(self) -> int:
-        return hash(self.cid)
 
     @staticmethod
     def _content(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,21 +16,6 @@ from dht import DhtConfig, DhtNode
 
 FAST = DhtConfig(rpc_timeout=1.0, get_timeout=5.0, maintenance_interval=3600.0)
 """Short timeouts; no background maintenance pass after the first, so tests drive it."""
-
-
-async def eventually(predicate: Callable[[], bool | Awaitable[bool]], *,
-                     timeout: float = 5.0, interval: float = 0.02) -> None:
-    """Poll ``predicate`` until it holds, failing the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
 
 
 class Network:

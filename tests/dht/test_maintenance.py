@@ -9,8 +9,9 @@ import pytest
 
 from dag.cid import cid_of
 from dht import DhtConfig, dht_key
+from tests.waiting import eventually
 
-from .conftest import Network, eventually
+from .conftest import Network
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,9 @@ from dht import (
     UnsupportedCID,
     dht_key,
 )
+from tests.waiting import eventually
 
-from .conftest import Network, eventually
+from .conftest import Network
 
 pytestmark = pytest.mark.slow
 

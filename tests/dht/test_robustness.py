@@ -11,8 +11,9 @@ import umsgpack
 
 from dag.cid import cid_of_raw
 from dht import DhtConfig, dht_key
+from tests.waiting import eventually
 
-from .conftest import FAST, Network, RawPeer, eventually
+from .conftest import FAST, Network, RawPeer
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,9 @@ import pytest
 
 from dag.identity import Identity, PeerId
 from dht import Contact, DhtError, PeerIdMismatch, dht_key
+from tests.waiting import eventually
 
-from .conftest import Network, eventually
+from .conftest import Network
 
 pytestmark = pytest.mark.slow
 

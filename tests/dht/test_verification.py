@@ -9,8 +9,9 @@ import pytest
 
 from dag.cid import cid_of
 from dht import BlockNotFound, DhtConfig, dht_key
+from tests.waiting import eventually
 
-from .conftest import Network, RawPeer, eventually, stock_address
+from .conftest import Network, RawPeer, stock_address
 
 pytestmark = pytest.mark.slow
 

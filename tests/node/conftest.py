@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,9 @@ import pytest
 from pulsar import Node, NodeConfig
 from pulsar.net.config import TransportConfig
 from pulsar.proto.core import CoreConfig
+from tests.waiting import eventually
+
+__all__ = ["Network", "eventually"]
 
 FAST_TRANSPORT = TransportConfig(
     idle_ping=0.3,
@@ -22,17 +24,6 @@ FAST_TRANSPORT = TransportConfig(
     drain_timeout=0.5,
 )
 FAST_CORE = CoreConfig(parent_retries=2, parent_retry_delay=0.1, root_check_interval=0.5)
-
-
-async def until(
-    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02
-) -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)
 
 
 class Network:
@@ -80,5 +71,3 @@ async def network(tmp_path: Path) -> AsyncIterator[Network]:
     finally:
         await net.close()
 
-
-Waiter = Callable[[Callable[[], bool], float], Awaitable[None]]

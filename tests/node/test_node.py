@@ -11,7 +11,7 @@ from dag import EventDescriptor, EventLinking, PeerId
 from pulsar import Node, PublishError
 from pulsar.runtime.subscription import Subscription
 
-from .conftest import Network, until
+from .conftest import Network, eventually
 
 
 async def _collect(sub: Subscription, count: int, timeout: float = 20.0) -> list[EventDescriptor]:
@@ -88,8 +88,8 @@ async def test_topic_update_through_the_meta_topic(network: Network) -> None:
         await other.publish(topic.cid, b"not yet")
     v2 = await author.update_topic(topic.cid, allowed_publishers=[other.peer_id])
     assert v2.parent == topic.cid and v2.meta == topic.meta
-    await until(lambda: reader.core.latest(topic.cid) == v2)
-    await until(lambda: other.core.latest(topic.cid) == v2)
+    await eventually(lambda: reader.core.latest(topic.cid) == v2, timeout=10)
+    await eventually(lambda: other.core.latest(topic.cid) == v2, timeout=10)
     event = await other.publish(topic.cid, b"now allowed")
     assert event.topic == v2.cid
     with pytest.raises(PublishError, match="author"):
@@ -109,7 +109,7 @@ async def test_unsubscribe_and_a_crashed_interior_node(network: Network) -> None
     await leaver.unsubscribe(topic.cid)
     await interior.stop()  # a crash as far as its neighbours can tell
     live = [n for n in nodes[1:] if n is not interior and n is not leaver]
-    await until(
+    await eventually(
         lambda: all(
             (v := n.tree(topic.cid)) is not None and interior.peer_id not in v.parents for n in live
         ),
@@ -128,7 +128,7 @@ async def test_author_offline_other_publishers_and_new_subscribers(network: Netw
     early = {n.peer_id: await n.subscribe(topic.cid) for n in nodes[2:7]}
     await author.stop()
     late = {n.peer_id: await n.subscribe(topic.cid) for n in nodes[7:]}
-    await until(
+    await eventually(
         lambda: all(
             author.peer_id not in n.tree(topic.cid).parents  # type: ignore[union-attr]
             for n in nodes[1:]
@@ -157,7 +157,7 @@ async def test_bad_frames_and_forged_events_are_rejected(
     await relay.transport.send(
         reader.peer_id, reader.address, encode_message(Event(topic.cid, forged.block, 1))
     )
-    await until(lambda: reader.metrics["rejected_frames"] >= 2)
+    await eventually(lambda: reader.metrics["rejected_frames"] >= 2, timeout=10)
     assert any("malformed" in r.message for r in caplog.records)
     assert any("may not publish" in r.message for r in caplog.records)
     genuine = await author.publish(topic.cid, b"genuine")
