@@ -38,6 +38,7 @@ from .config import NodeConfig
 from .net.errors import PeerUnreachable
 from .net.transport import Transport
 from .proto import events as ev
+from .proto.backfill import GapReported
 from .proto.core import PulsarCore, TreeView
 from .proto.messages import MessageError, decode_message, encode_message
 from .runtime.routing import DhtRouting
@@ -74,7 +75,13 @@ class Node:
         self.dht = dht
         self.transport = transport
         self._routing = routing
-        self.core = PulsarCore(identity, routing, config.core, lookup=self._local_block)
+        self.core = PulsarCore(
+            identity,
+            routing,
+            config.core,
+            lookup=self._local_block,
+            is_delivered=store.log_contains,
+        )
         self._loop = asyncio.get_running_loop()
         self._requests = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[EventDescriptor]] = {}
@@ -180,7 +187,14 @@ class Node:
 
     @property
     def metrics(self) -> dict[str, int]:
-        return {**self.core.metrics, "rejected_frames": self.rejections}
+        """Counters of the core, the repair layers and this runtime (for the API and tests):
+        delivered, duplicates, grafts, prunes, backfilled, gaps_open, gaps_reported, ..."""
+        return {
+            **self.core.metrics,
+            **self.core.lazy.metrics,
+            **self.core.backfill.metrics,
+            "rejected_frames": self.rejections,
+        }
 
     # ------------------------------------------------------------------ topics
 
@@ -400,6 +414,14 @@ class Node:
             elif kind is ev.Rejected:
                 self.rejections += 1
                 log.warning("rejected input from %s: %s", out.peer, out.reason)
+            elif kind is GapReported:
+                log.warning(
+                    "topic %s: delivery went on without %s (%s, %d events released)",
+                    out.topic,
+                    out.missing,
+                    out.reason,
+                    out.released,
+                )
 
     def _send(self, peer: PeerId, message: Any) -> None:
         if self._stopped:

@@ -44,9 +44,11 @@ from dag import (
 )
 
 from . import events as ev
+from .backfill import Backfill, BackfillConfig, BackfillTimer
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
+from .repair_messages import MAX_HEADS, Blocks, Heads, Want
 
 __all__ = ["CoreConfig", "PulsarCore", "RetryParent", "RootCheck", "Routing", "TreeView"]
 
@@ -76,12 +78,21 @@ class CoreConfig:
     parked_limit: int = 10_000
     """Events held while their topic version is fetched."""
     routing_candidates: int = 20
+    join_timeout: float = 2.0
+    """A JOIN is answered with the parent's HEADS; unanswered this long, it counts as a
+    failed attempt (a lost JOIN must not leave a node silently detached)."""
     avoid_for: float = 30.0
     """How long a parent we gave up on is left out of join routing."""
 
 
 @dataclass(frozen=True, slots=True)
 class RetryParent:
+    topic: CID
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTimeout:
     topic: CID
     peer: PeerId
 
@@ -121,6 +132,7 @@ class _Tree:
     retries: dict[PeerId, int] = field(default_factory=dict)
     avoid: dict[PeerId, float] = field(default_factory=dict)  # peer -> until when
     requests: dict[bytes, int] = field(default_factory=dict)
+    confirmed: set[PeerId] = field(default_factory=set)
 
     def neighbours(self) -> set[PeerId]:
         return self.parents | self.children
@@ -144,6 +156,8 @@ class PulsarCore:
         *,
         lookup: Callable[[CID], bytes | None] | None = None,
         plumtree: PlumtreeConfig | None = None,
+        is_delivered: Callable[[CID, CID], bool] | None = None,
+        backfill: BackfillConfig | None = None,
     ) -> None:
         self.identity = identity
         self.me = identity.peer_id
@@ -160,6 +174,13 @@ class PulsarCore:
         self._parked = 0
         self._pending_store: dict[CID, tuple[CID, EventDescriptor, int | None]] = {}
         self._kid_cache: dict[PeerId, int] = {}
+        self.backfill = Backfill(
+            lookup or (lambda cid: None),
+            self._verify_backfilled,
+            is_delivered=is_delivered,
+            neighbours=lambda topic: self._tree_edges(topic) | self.lazy.lazy(topic),
+            config=backfill,
+        )
         self.metrics: dict[str, int] = {
             "events_received": 0,
             "delivered": 0,
@@ -193,6 +214,9 @@ class PulsarCore:
             Graft: self.lazy.on_graft,
             Prune: self.lazy.on_prune,
             Shuffle: self.lazy.on_shuffle,
+            Want: self.backfill.on_want,
+            Blocks: self.backfill.on_blocks,
+            Heads: self.backfill.on_heads,
         }
 
     # ------------------------------------------------------------------ public surface
@@ -235,7 +259,8 @@ class PulsarCore:
     def _known_in(self, topic: CID) -> Callable[[CID], bool]:
         tree = self._trees.get(topic)
         seen = {} if tree is None else tree.seen
-        return seen.__contains__
+        backfill = self.backfill
+        return lambda cid: cid in seen or backfill.known(topic, cid)
 
     def _eager(self, tree: _Tree) -> list[PeerId]:
         """Where an event goes eagerly: the tree edges plus links grafted by repair."""
@@ -280,7 +305,14 @@ class PulsarCore:
             return [ev.SetTimer(self.config.root_check_interval, RootCheck(tree.topic.cid))]
         tree.acting_root = False
         tree.parents = {peer}
-        return [ev.Send(peer, Join(tree.topic.cid, tree.topic.block))]
+        return self._send_join(tree, peer)
+
+    def _send_join(self, tree: _Tree, peer: PeerId) -> Out:
+        tree.confirmed.discard(peer)
+        return [
+            ev.Send(peer, Join(tree.topic.cid, tree.topic.block)),
+            ev.SetTimer(self.config.join_timeout, JoinTimeout(tree.topic.cid, peer)),
+        ]
 
     # ------------------------------------------------------------------ commands
 
@@ -290,8 +322,9 @@ class PulsarCore:
         tree = self._trees.get(self._lineage.get(topic.cid, topic.cid))
         if tree is not None:
             tree.deliver = tree.deliver or cmd.deliver
-            return out
+            return out + self.backfill.open(tree.topic.cid, now, deliver=cmd.deliver, since=now)
         tree = self._new_tree(topic, cmd.deliver)
+        out += self.backfill.open(topic.cid, now, deliver=cmd.deliver, since=now)
         return out + self.lazy.start(topic.cid) + self._join(tree, now)
 
     def _new_tree(self, topic: TopicDescriptor, deliver: bool) -> _Tree:
@@ -307,6 +340,7 @@ class PulsarCore:
         if tree is None:
             return []
         self.lazy.stop(cmd.topic)
+        self.backfill.close(cmd.topic)
         leave = Leave(cmd.topic)
         # Children are told too: they route a new JOIN around us, so the subtree never
         # hangs off a node that no longer forwards.
@@ -363,9 +397,7 @@ class PulsarCore:
         tree = self._trees.get(topic_cid)
         if tree is None:
             return out
-        if tree.deliver:
-            self.metrics["delivered"] += 1
-            out.append(ev.Deliver(topic_cid, event, 0))
+        out += self.backfill.accepted(topic_cid, event, 0, None, now)
         self._match_request(tree, event, out)
         message = Event(topic_cid, event.block, 1)
         for peer in self._eager(tree):
@@ -380,6 +412,11 @@ class PulsarCore:
         handler = self._receive.get(type(msg.message))
         if handler is None:
             return [ev.Rejected(msg.peer, f"unexpected message {type(msg.message).__name__}")]
+        topic = getattr(msg.message, "topic", None)
+        tree = self._trees.get(topic) if isinstance(topic, CID) else None
+        if tree is not None and msg.peer in tree.parents and type(msg.message) is not Join:
+            tree.confirmed.add(msg.peer)  # the parent knows us: our JOIN got through
+            tree.retries.pop(msg.peer, None)
         return handler(msg.peer, msg.message, now)
 
     def _on_ping(self, peer: PeerId, msg: Ping, now: float) -> Out:
@@ -398,11 +435,16 @@ class PulsarCore:
             out = self._register_version(topic, now)
             tree = self._new_tree(topic, deliver=False)
             out += self.lazy.start(topic.cid)
+            out += self.backfill.open(topic.cid, now, deliver=False, since=now)
         if peer in tree.parents:
             return self._reject(peer, "join from our own parent")
         tree.children.add(peer)
         tree.retries.pop(peer, None)
         self.lazy.learn(msg.topic, [peer], now)
+        # The answer to a JOIN is our heads: it confirms the edge to the child and lets it
+        # backfill at once whatever it missed while it was not attached.
+        heads = tuple(self.backfill.heads(msg.topic)[:MAX_HEADS])
+        out.append(ev.Send(peer, Heads(msg.topic, heads)))
         if tree.in_tree():
             return out
         return out + self._join(tree, now)
@@ -430,6 +472,7 @@ class PulsarCore:
             return []
         del self._trees[tree.topic.cid]
         self.lazy.stop(tree.topic.cid)
+        self.backfill.close(tree.topic.cid)
         leave = Leave(tree.topic.cid)
         return [ev.Send(peer, leave) for peer in sorted(tree.parents, key=bytes)]
 
@@ -439,7 +482,7 @@ class PulsarCore:
         if tree is None:
             return self._reject(peer, f"event for {msg.topic}, a tree we are not in")
         cid = cid_of(msg.block)
-        if cid in tree.seen:
+        if cid in tree.seen or self.backfill.known(tree.topic.cid, cid):
             self.metrics["duplicates"] += 1
             return self.lazy.duplicate(msg.topic, peer)
         try:
@@ -465,11 +508,9 @@ class PulsarCore:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
         out: Out = [ev.StoreLocal(event.cid, event.block)]
-        if tree.deliver:
-            self.metrics["delivered"] += 1
-            if hop > self.metrics["max_hop"]:
-                self.metrics["max_hop"] = hop
-            out.append(ev.Deliver(tree.topic.cid, event, hop))
+        if tree.deliver and hop > self.metrics["max_hop"]:
+            self.metrics["max_hop"] = hop
+        out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
         for peer in self._eager(tree):
@@ -517,36 +558,45 @@ class PulsarCore:
     # ------------------------------------------------------------------ failures, timers
 
     def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> Out:
-        out: Out = []
         peer = down.peer
+        out: Out = self.backfill.peer_down(peer, now)
         self.lazy.peer_down(peer)
         for tree in list(self._trees.values()):
             if peer in tree.children:
                 tree.children.discard(peer)
                 out += self._prune_idle(tree)
-            if peer not in tree.parents or tree.topic.cid not in self._trees:
-                continue
-            attempt = tree.retries.get(peer, 0) + 1
-            tree.retries[peer] = attempt
-            if attempt <= self.config.parent_retries:
-                delay = self.config.parent_retry_delay * 2 ** (attempt - 1)
-                out.append(ev.SetTimer(delay, RetryParent(tree.topic.cid, peer)))
-                continue
-            tree.parents.discard(peer)
-            tree.retries.pop(peer, None)
-            tree.avoid[peer] = now + self.config.avoid_for
-            out += self._join(tree, now)
+            if peer in tree.parents and tree.topic.cid in self._trees:
+                out += self._parent_failed(tree, peer, now)
         return out
+
+    def _parent_failed(self, tree: _Tree, peer: PeerId, now: float) -> Out:
+        """Retry a parent with backoff; after ``parent_retries`` route around it."""
+        attempt = tree.retries.get(peer, 0) + 1
+        tree.retries[peer] = attempt
+        if attempt <= self.config.parent_retries:
+            delay = self.config.parent_retry_delay * 2 ** (attempt - 1)
+            return [ev.SetTimer(delay, RetryParent(tree.topic.cid, peer))]
+        tree.parents.discard(peer)
+        tree.retries.pop(peer, None)
+        tree.avoid[peer] = now + self.config.avoid_for
+        return self._join(tree, now)
 
     def _on_timer(self, fired: ev.TimerFired, now: float) -> Out:
         timer = fired.timer
+        if isinstance(timer, BackfillTimer):
+            return self.backfill.on_timer(timer, now)
         if isinstance(timer, RetryParent):
             tree = self._trees.get(timer.topic)
             if tree is None or timer.peer not in tree.parents:
                 return []
             # Re-sending the JOIN both probes the parent and restores our place with it if
             # it restarted; a failure comes back as SendFailed and counts another attempt.
-            return [ev.Send(timer.peer, Join(tree.topic.cid, tree.topic.block))]
+            return self._send_join(tree, timer.peer)
+        if isinstance(timer, JoinTimeout):
+            tree = self._trees.get(timer.topic)
+            if tree is None or timer.peer not in tree.parents or timer.peer in tree.confirmed:
+                return []
+            return self._parent_failed(tree, timer.peer, now)
         if isinstance(timer, RootCheck):
             tree = self._trees.get(timer.topic)
             if tree is None or not tree.acting_root or tree.topic.author == self.me:
@@ -629,6 +679,8 @@ class PulsarCore:
         return out
 
     def _on_block_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
+        if self.backfill.fetching(fetched.cid):
+            return self.backfill.on_fetched(fetched.cid, fetched.block, now)
         if fetched.cid not in self._fetching:
             return []
         if fetched.block is None:
@@ -649,6 +701,21 @@ class PulsarCore:
         return self._register_version(topic, now)
 
     # ------------------------------------------------------------------ helpers
+
+    def _verify_backfilled(self, topic: CID, block: bytes) -> EventDescriptor | None:
+        """The backfill layer's check of a fetched block: everything ``_on_event`` checks."""
+        try:
+            event = EventDescriptor.from_block(block)
+        except InvalidDescriptor:
+            return None
+        version = self._topics.get(event.topic)
+        if version is None or self._lineage.get(event.topic) != topic:
+            return None
+        try:
+            check_rights(event, version)
+        except InvalidDescriptor:
+            return None
+        return event
 
     def _remember(self, tree: _Tree, cid: CID) -> None:
         tree.seen[cid] = None

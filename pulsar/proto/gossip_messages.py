@@ -21,7 +21,7 @@ MAX_SAMPLE: Final = 16
 
 @dataclass(frozen=True, slots=True)
 class IHave:
-    """"I have these events of ``topic``", with the hop count each arrived at here."""
+    """ "I have these events of ``topic``", with the hop count each arrived at here."""
 
     topic: CID
     entries: tuple[tuple[CID, int], ...]

@@ -191,9 +191,7 @@ class Plumtree:
 
     # ------------------------------------------------------------------ events
 
-    def accepted(
-        self, topic: CID, cid: CID, hop: int, sender: PeerId | None, now: float
-    ) -> Out:
+    def accepted(self, topic: CID, cid: CID, hop: int, sender: PeerId | None, now: float) -> Out:
         """An event was accepted (first copy): announce it lazily, stop repairing it, and
         apply the hop-count optimisation."""
         state = self._topics.get(topic)

@@ -17,6 +17,7 @@ from typing import Any
 from dag import CID, EventDescriptor, Identity, PeerId
 
 from ..proto import events as ev
+from ..proto.backfill import GapReported
 from ..proto.core import CoreConfig, PulsarCore
 from ..proto.messages import decode_message, encode_message
 
@@ -33,6 +34,7 @@ class SimNode:
     published: dict[int, EventDescriptor] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
+    gaps: list[Any] = field(default_factory=list)
     alive: bool = True
 
     @property
@@ -104,10 +106,20 @@ class SimNetwork:
                 others = self._buckets(identity.peer_id, others, bucket_size)
             store: dict[CID, bytes] = {}
             core = PulsarCore(
-                identity, _KnownPeers(others), config, random.Random(seed), lookup=store.get
+                identity,
+                _KnownPeers(others),
+                config,
+                random.Random(seed),
+                lookup=store.get,
+                is_delivered=self._delivered_check(store),
             )
             self.nodes[identity.peer_id] = SimNode(identity, core, store)
         self._request = 0
+
+    @staticmethod
+    def _delivered_check(store: dict[CID, bytes]) -> Any:
+        """The sim has no durable log: nothing is delivered before the node started."""
+        return lambda topic, cid: False
 
     def _buckets(self, me: PeerId, others: list[PeerId], size: int) -> list[PeerId]:
         mine = int.from_bytes(me.kademlia_id(), "big")
@@ -192,6 +204,8 @@ class SimNetwork:
                 node.failed[out.request] = out.reason
             elif kind is ev.Rejected:
                 node.rejected.append(out.reason)
+            elif kind is GapReported:
+                node.gaps.append(out)
 
     def _send(self, node: SimNode, out: ev.Send) -> None:
         target = self.nodes.get(out.peer)

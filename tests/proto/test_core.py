@@ -10,9 +10,11 @@ import pytest
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor, decode, encode
 from dag.codec import encode_reference_free
 from pulsar.proto import events as ev
-from pulsar.proto.core import CoreConfig, PulsarCore, RetryParent
+from pulsar.proto.backfill import HeadsTick
+from pulsar.proto.core import CoreConfig, JoinTimeout, PulsarCore, RetryParent
 from pulsar.proto.messages import Event, Join, Leave, RequestToPublish
 from pulsar.proto.plumtree import ShuffleTimer
+from pulsar.proto.repair_messages import Heads
 from pulsar.sim import SimNetwork, SimNode
 
 
@@ -26,9 +28,16 @@ class StaticRouting:
 
 
 def _tree_outputs(out: list[Any]) -> list[Any]:
-    """The outputs of the tree logic, without the lazy layer's periodic shuffle timer."""
+    """The outputs of the tree logic, without the repair layers' periodic timers."""
+    periodic = (ShuffleTimer, HeadsTick)
+    return [o for o in out if not (isinstance(o, ev.SetTimer) and isinstance(o.timer, periodic))]
+
+
+def _join(topic: TopicDescriptor, peer: PeerId) -> list[Any]:
+    """What a JOIN to ``peer`` looks like: the message and its answer deadline."""
     return [
-        o for o in out if not (isinstance(o, ev.SetTimer) and isinstance(o.timer, ShuffleTimer))
+        ev.Send(peer, Join(topic.cid, topic.block)),
+        ev.SetTimer(2.0, JoinTimeout(topic.cid, peer)),
     ]
 
 
@@ -57,7 +66,7 @@ def test_join_goes_to_the_closest_strictly_closer_peer() -> None:
     routing = StaticRouting([i.peer_id for i in ranked[:-1]])  # not the author itself
     core = PulsarCore(far, routing)
     out = _tree_outputs(core.handle(ev.Subscribe(topic), 0.0))
-    assert out == [ev.Send(ranked[0].peer_id, Join(topic.cid, topic.block))]
+    assert out == _join(topic, ranked[0].peer_id)
     view = core.tree(topic.cid)
     assert view is not None and view.parents == {ranked[0].peer_id} and not view.is_root
 
@@ -80,7 +89,9 @@ def test_join_received_by_a_member_stops_there() -> None:
     core = PulsarCore(author, StaticRouting([]))
     core.handle(ev.Subscribe(topic), 0.0)
     child = _ident(2).peer_id
-    assert core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0) == []
+    # Answered with our heads (none yet): the child knows its JOIN got through.
+    out = core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
+    assert out == [ev.Send(child, Heads(topic.cid, ()))]
     assert core.tree(topic.cid).children == {child}  # type: ignore[union-attr]
 
 
@@ -131,12 +142,10 @@ def test_lost_parent_is_retried_then_routed_around() -> None:
     first = others[0].peer_id
     out = core.handle(ev.PeerDown(first), 1.0)
     assert out == [ev.SetTimer(0.25, RetryParent(topic.cid, first))]
-    assert core.handle(ev.TimerFired(RetryParent(topic.cid, first)), 1.3) == [
-        ev.Send(first, Join(topic.cid, topic.block))
-    ]
+    assert core.handle(ev.TimerFired(RetryParent(topic.cid, first)), 1.3) == _join(topic, first)
     assert isinstance(core.handle(ev.SendFailed(first), 1.4)[0], ev.SetTimer)
     out = core.handle(ev.SendFailed(first), 2.0)
-    assert out == [ev.Send(others[1].peer_id, Join(topic.cid, topic.block))]
+    assert out == _join(topic, others[1].peer_id)
 
 
 def test_leave_from_parent_makes_the_child_rejoin() -> None:
@@ -149,7 +158,7 @@ def test_leave_from_parent_makes_the_child_rejoin() -> None:
     core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
     core.handle(ev.Subscribe(topic), 0.0)
     out = core.handle(ev.Received(others[0].peer_id, Leave(topic.cid)), 1.0)
-    assert out == [ev.Send(others[0].peer_id, Join(topic.cid, topic.block))]
+    assert out == _join(topic, others[0].peer_id)
 
 
 def test_malformed_join_block_is_rejected() -> None:
@@ -323,3 +332,20 @@ def test_request_to_publish_by_a_non_listed_requester_is_refused() -> None:
     rtp = RequestToPublish(topic.cid, topic.cid, nodes[2].peer_id, b"x", created, sig)
     out = author.core.handle(ev.Received(nodes[2].peer_id, rtp), net.now)
     assert [type(o) for o in out] == [ev.Rejected]
+
+
+def test_unanswered_join_counts_as_a_failed_attempt() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    others = sorted(
+        (_ident(i) for i in range(2, 12)), key=lambda i: _distance(i.peer_id, author.peer_id)
+    )
+    core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    parent = others[0].peer_id
+    out = core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 2.0)
+    assert out == [ev.SetTimer(0.25, RetryParent(topic.cid, parent))]
+    # An answer from the parent confirms the edge: the deadline passes quietly.
+    core.handle(ev.TimerFired(RetryParent(topic.cid, parent)), 2.3)
+    core.handle(ev.Received(parent, Heads(topic.cid, ())), 2.4)
+    assert core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 4.3) == []

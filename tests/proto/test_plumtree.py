@@ -162,4 +162,3 @@ def test_repair_recovers_most_losses_in_a_lossy_network(loss: float) -> None:
     assert delivered >= 0.985 * 29 * 100
     for node in nodes[1:]:  # never twice
         assert len(_payloads(node, topic.cid)) == len(set(_payloads(node, topic.cid)))
-
