@@ -23,6 +23,12 @@ class DhtConfig:
     """Lookup parallelism: queries in flight per lookup."""
     rpc_timeout: float = 5.0
     """Seconds to wait for one RPC's answer before counting the peer as unresponsive."""
+    silent_for: float = 15.0
+    """Seconds an address that let an RPC time out is treated as down: other RPCs to it
+    (except PING, which can prove it back) fail at once instead of each waiting
+    ``rpc_timeout``. Without this, every lookup after a crash waits out the dead nodes that
+    other peers still list; any datagram from the address ends the quarantine early.
+    0 turns it off."""
     get_timeout: float = 30.0
     """Upper bound for one :meth:`DhtNode.get`; past it the block is reported not found."""
     put_concurrency: int = 64
@@ -65,5 +71,7 @@ class DhtConfig:
     def __post_init__(self) -> None:
         if self.ksize < 1 or self.alpha < 1 or self.put_concurrency < 1:
             raise ValueError("ksize, alpha and put_concurrency must be positive")
+        if self.silent_for < 0:
+            raise ValueError("silent_for must not be negative")
         if self.rpc_timeout <= 0 or self.get_timeout <= 0:
             raise ValueError("timeouts must be positive")

@@ -69,12 +69,16 @@ RpcResult = tuple[bool, Any]
 
 Address = tuple[str, int]
 
+_MAX_SILENT = 10_000
+"""Quarantined addresses remembered at most (a flood of dead contacts stays bounded)."""
+
 
 @dataclass(slots=True)
 class _Pending:
     future: asyncio.Future[RpcResult]
     timer: asyncio.TimerHandle
     address: Address
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self.stats = stats
         self.on_new_contact: Callable[[Node], None] | None = None
         self._pending: dict[bytes, _Pending] = {}
+        self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
@@ -157,6 +162,8 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         log.debug("UDP error: %s", exc)
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
+        if self._silent:
+            self._silent.pop((addr[0], addr[1]), None)
         try:
             message = decode_datagram(data)
         except MalformedDatagram as exc:
@@ -211,7 +218,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if pending is None:
             self._drop(addr, "response to no request of ours (late, or forged)")
             return
-        if tuple(addr[:2]) != tuple(pending.address[:2]):
+        if (addr[0], addr[1]) != (pending.address[0], pending.address[1]):
             self._drop(addr, f"response for a request sent to {pending.address}")
             return
         del self._pending[response.msg_id]
@@ -221,8 +228,28 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
 
     def _expire(self, msg_id: bytes) -> None:
         pending = self._pending.pop(msg_id, None)
-        if pending is not None and not pending.future.done():
+        if pending is None:
+            return
+        # A stock kademlia node ignores STORE_BATCH (it does not know it): its silence there
+        # says nothing about whether it is up.
+        if self.config.silent_for > 0 and pending.name != "store_batch":
+            now = time.monotonic()
+            if len(self._silent) >= _MAX_SILENT:
+                self._silent = {a: t for a, t in self._silent.items() if t > now}
+            if len(self._silent) < _MAX_SILENT:
+                address = (pending.address[0], pending.address[1])
+                self._silent[address] = now + self.config.silent_for
+        if not pending.future.done():
             pending.future.set_result((False, None))
+
+    def _is_silent(self, address: Address) -> bool:
+        until = self._silent.get((address[0], address[1]))
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            del self._silent[(address[0], address[1])]
+            return False
+        return True
 
     def _request(self, address: Address, name: str, args: Sequence[object]
                  ) -> asyncio.Future[RpcResult]:
@@ -231,10 +258,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if self._closed or self.transport is None:
             future.set_result((False, None))
             return future
+        if name != "ping" and self._silent and self._is_silent(address):
+            self.stats.rpcs_skipped += 1
+            future.set_result((False, None))
+            return future
         msg_id = os.urandom(MSG_ID_SIZE)
         datagram = encode_request(msg_id, name, args)  # ValueError if over the RPC limit
         timer = loop.call_later(self.config.rpc_timeout, self._expire, msg_id)
-        self._pending[msg_id] = _Pending(future, timer, address)
+        self._pending[msg_id] = _Pending(future, timer, address, name)
         self.transport.sendto(datagram, address)
         return future
 

@@ -26,6 +26,8 @@ class DhtStats:
     """Values returned by peers during a lookup that failed verification (discarded)."""
     lookups: int = 0
     """Network node lookups actually run (the rest were answered by the neighbourhood cache)."""
+    rpcs_skipped: int = 0
+    """RPCs failed at once because their address recently let an RPC time out."""
     republished: int = 0
     expired: int = 0
     handed_off: int = 0

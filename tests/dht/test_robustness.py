@@ -94,3 +94,33 @@ async def test_the_record_quota_holds_against_valid_floods(
         for v in values))
     assert answers.count(True) == 50 and len(node.records) == 50
     assert node.stats.stores_over_quota == 30
+
+
+async def test_an_address_that_timed_out_is_not_waited_for_again(network: Network) -> None:
+    """After a crash, lookups keep meeting the dead node in other peers' answers; each
+    meeting must not cost another ``rpc_timeout``."""
+    config = DhtConfig(rpc_timeout=0.5, get_timeout=5.0, maintenance_interval=3600,
+                       neighbourhood_ttl=0)
+    node, dead, _ = await network.grow(3, config=config)
+    dead_address = dead.address
+    await network.stop(dead)
+    protocol = node._protocol
+    loop = asyncio.get_running_loop()
+
+    started = loop.time()
+    first = await protocol.find_node(dead_address, node.node_id, os.urandom(20))
+    assert first == (False, None)
+    assert loop.time() - started >= config.rpc_timeout * 0.9  # waited out once
+
+    started = loop.time()
+    again = await protocol.find_node(dead_address, node.node_id, os.urandom(20))
+    assert again == (False, None)
+    assert loop.time() - started < config.rpc_timeout / 2  # failed at once
+    assert node.stats.rpcs_skipped == 1
+
+    # PING still goes out (it is how a node proves itself back), and any datagram from the
+    # address ends the quarantine.
+    revived = await network.add(port=dead_address[1], config=config)
+    assert await protocol.ping(dead_address, node.node_id) == (True, revived.node_id)
+    assert (await protocol.find_node(dead_address, node.node_id, os.urandom(20)))[0]
+    assert node.stats.rpcs_skipped == 1
