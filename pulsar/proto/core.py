@@ -26,6 +26,7 @@ topic and has the same author.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,10 @@ class TreeView:
     subscribed: bool
 
 
+_Stored = tuple[CID, EventDescriptor, int | None]
+"""An own event on its way into the DHT: (tree, event, publish request or None)."""
+
+
 @dataclass(slots=True)
 class _Tree:
     topic: TopicDescriptor
@@ -172,7 +177,11 @@ class PulsarCore:
         self._lineage: dict[CID, CID] = {}  # topic version -> first version
         self._fetching: dict[CID, list[tuple[PeerId | None, Any]]] = {}
         self._parked = 0
-        self._pending_store: dict[CID, tuple[CID, EventDescriptor, int | None]] = {}
+        self._pending_store: dict[CID, _Stored] = {}
+        # Our own events stored before their (own) parent was: forwarded right after it, so
+        # a publisher with many stores in flight still sends its chain in order.
+        self._stored_early: dict[CID, _Stored] = {}
+        self._after_parent: dict[CID, list[CID]] = {}
         self._kid_cache: dict[PeerId, int] = {}
         self.backfill = Backfill(
             lookup or (lambda cid: None),
@@ -318,13 +327,18 @@ class PulsarCore:
 
     def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
         topic = cmd.topic
+        since = now if cmd.since is None else cmd.since
         out = self._register_version(topic, now)
         tree = self._trees.get(self._lineage.get(topic.cid, topic.cid))
         if tree is not None:
             tree.deliver = tree.deliver or cmd.deliver
-            return out + self.backfill.open(tree.topic.cid, now, deliver=cmd.deliver, since=now)
+            return out + self.backfill.open(
+                tree.topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
+            )
         tree = self._new_tree(topic, cmd.deliver)
-        out += self.backfill.open(topic.cid, now, deliver=cmd.deliver, since=now)
+        out += self.backfill.open(
+            topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
+        )
         return out + self.lazy.start(topic.cid) + self._join(tree, now)
 
     def _new_tree(self, topic: TopicDescriptor, deliver: bool) -> _Tree:
@@ -389,6 +403,24 @@ class PulsarCore:
         pending = self._pending_store.pop(result.cid, None)
         if pending is None:
             return []
+        parent = pending[1].parent
+        if parent is not None and (parent in self._pending_store or parent in self._stored_early):
+            # DHT stores finish out of order; sending this first would open a gap (and a
+            # WANT) at every subscriber for an event that is a moment behind.
+            self._stored_early[result.cid] = pending
+            self._after_parent.setdefault(parent, []).append(result.cid)
+            return []
+        out: Out = []
+        ready = [pending]
+        while ready:
+            item = ready.pop()
+            out += self._forward_published(item, now)
+            for child in self._after_parent.pop(item[1].cid, ()):
+                ready.append(self._stored_early.pop(child))
+        return out
+
+    def _forward_published(self, pending: _Stored, now: float) -> Out:
+        """Our own event is in the DHT: deliver it here and send it down the tree."""
         topic_cid, event, request = pending
         self.metrics["published"] += 1
         out: Out = []
@@ -468,7 +500,10 @@ class PulsarCore:
         reason to stay in the tree: leave it, as Scribe does."""
         if tree.deliver or tree.children or tree.topic.author == self.me:
             return []
-        if tree.requests or any(p[0] == tree.topic.cid for p in self._pending_store.values()):
+        if tree.requests or any(
+            p[0] == tree.topic.cid
+            for p in itertools.chain(self._pending_store.values(), self._stored_early.values())
+        ):
             return []
         del self._trees[tree.topic.cid]
         self.lazy.stop(tree.topic.cid)

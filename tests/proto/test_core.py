@@ -112,6 +112,31 @@ def test_publish_stores_in_the_dht_before_forwarding() -> None:
     assert send.peer == child and send.message == Event(topic.cid, stored.block, 1)
 
 
+def test_a_publisher_forwards_its_chain_in_order_whatever_order_the_stores_finish() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    core = PulsarCore(author, StaticRouting([]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    child = _ident(2).peer_id
+    core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
+    stores = [core.handle(ev.Publish(topic.cid, b"%d" % i, None, i), 1.0 + i)[0] for i in range(4)]
+    chain = [decode(s.block)["parent"] for s in stores[1:]]
+    assert chain == [s.cid for s in stores[:-1]]  # LAST_SEEN: each links the one before
+
+    def sent(out: list[Any]) -> list[CID]:
+        return [EventDescriptor.from_block(o.message.block).cid
+                for o in out if isinstance(o, ev.Send)]
+
+    # The last two stores finish first: held back until the first one is through.
+    assert sent(core.handle(ev.DhtStored(stores[3].cid, 3), 5.0)) == []
+    assert sent(core.handle(ev.DhtStored(stores[1].cid, 3), 5.1)) == []
+    assert sent(core.handle(ev.DhtStored(stores[0].cid, 3), 5.2)) == [stores[0].cid, stores[1].cid]
+    # The third completes the chain, releasing the fourth behind it.
+    out = core.handle(ev.DhtStored(stores[2].cid, 0), 5.3)
+    assert sent(out) == [stores[2].cid, stores[3].cid]
+    assert [o.request for o in out if isinstance(o, ev.Published)] == [2, 3]
+
+
 def test_forged_event_is_rejected_and_not_forwarded() -> None:
     author, mallory, relay_id = _ident(1), _ident(3), _ident(4)
     topic = _topic(author, allowed_publishers=[])
