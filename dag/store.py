@@ -565,6 +565,15 @@ class BlockStore:
                 == 1
             )
 
+    def subscription_since(self, topic: CID) -> float | None:
+        """When the active subscription to ``topic`` began (None if there is none)."""
+        with self._guard:
+            row = self._conn.execute(
+                "SELECT created_at FROM subscriptions WHERE topic = ? AND active = 1",
+                (topic.raw,),
+            ).fetchone()
+        return None if row is None else float(row[0])
+
     def subscriptions(self) -> list[CID]:
         """The active subscriptions, oldest first."""
         with self._guard:

@@ -8,6 +8,7 @@ from pathlib import Path
 from dht import DhtConfig
 
 from .net.config import TransportConfig
+from .net.faults import FaultInjector
 from .proto.core import CoreConfig
 
 __all__ = ["NodeConfig"]
@@ -33,6 +34,8 @@ class NodeConfig:
     core: CoreConfig = field(default_factory=CoreConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     dht: DhtConfig = field(default_factory=DhtConfig)
+    faults: FaultInjector | None = field(default=None, compare=False)
+    """Fault injection on this node's outgoing frames (tests and the testbed only)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))

@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, Self
 
 from dag import (
@@ -114,6 +114,7 @@ class Node:
                 on_frame=lambda peer, frame: holder["node"]._on_frame(peer, frame),
                 on_peer_up=lambda peer, addr: holder["node"]._on_peer_up(peer, addr),
                 on_peer_down=lambda peer: holder["node"]._on_peer_down(peer),
+                faults=config.faults,
             )
             dht = await _listen_both(identity, config, store, transport)
             routing = DhtRouting(dht)
@@ -276,14 +277,69 @@ class Node:
 
     # ------------------------------------------------------------------ subscriptions
 
-    async def subscribe(self, topic_cid: CID) -> Subscription:
+    async def subscribe(self, topic_cid: CID, *, replay: bool = False) -> Subscription:
         """Join the topic's tree (and its meta topic's) and return an async iterator of its
-        events, each once. Subscriptions are durable: the node rejoins after a restart."""
+        events, each once, in causal order. With ``replay=True`` the whole history is
+        backfilled and delivered first (from tree neighbours and the DHT, so it works with
+        the publisher offline). Subscriptions are durable: after a restart the node rejoins,
+        backfills what it missed, and never delivers an event twice."""
         topic = await self._first_version(await self.get_topic(topic_cid))
         sub = Subscription(topic.cid)
         self._subscriptions.setdefault(topic.cid, []).append(sub)
-        await self._subscribe_descriptor(topic, deliver=True)
+        await self._subscribe_descriptor(topic, deliver=True, since=0.0 if replay else None)
         return sub
+
+    async def history(
+        self,
+        topic_cid: CID,
+        *,
+        since: CID | int | float | None = None,
+        until: CID | int | float | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[EventDescriptor]:
+        """Replay the events this node delivered for ``topic_cid``, in causal (delivery)
+        order, from the durable delivery log. ``since``/``until`` take an event CID, a log
+        sequence number (int) or a timestamp (float, seconds since the epoch); ``since`` is
+        exclusive and ``until`` inclusive. For a topic never followed here, subscribe with
+        ``replay=True`` first: the node then backfills the whole DAG into the log."""
+        after = self._log_position(topic_cid, since, 0) or 0
+        last = self._log_position(topic_cid, until, None)
+        remaining = limit
+        page = 1000
+        while remaining is None or remaining > 0:
+            self._flush()
+            size = page if remaining is None else min(page, remaining)
+            rows = self.store.log_range(topic_cid, after_seq=after, limit=size)
+            if not rows:
+                return
+            for seq, cid, _ in rows:
+                if last is not None and seq > last:
+                    return
+                block = self._local_block(cid)
+                if block is None:
+                    continue
+                yield EventDescriptor.from_block(block, cid, verify_signature=False)
+                after = seq
+                if remaining is not None:
+                    remaining -= 1
+                    if remaining == 0:
+                        return
+
+    def _log_position(
+        self, topic: CID, value: CID | int | float | None, default: int | None
+    ) -> int | None:
+        if value is None:
+            return default
+        if isinstance(value, CID):
+            seq = self.store.log_seq_of(topic, value)
+            if seq is None:
+                raise KeyError(f"event {value} is not in this node's log of {topic}")
+            return seq
+        if isinstance(value, bool):
+            raise TypeError("since/until must be a CID, a sequence number or a timestamp")
+        if isinstance(value, int):
+            return value
+        return self.store.log_seq_at_time(topic, float(value))
 
     async def unsubscribe(self, topic_cid: CID) -> None:
         """Leave the tree cleanly (children route around us) and end the iterators."""
@@ -292,13 +348,15 @@ class Node:
         self.store.remove_subscription(topic_cid)
         self._apply(self.core.handle(ev.Unsubscribe(topic_cid), time.time()))
 
-    async def _subscribe_descriptor(self, topic: TopicDescriptor, *, deliver: bool) -> None:
+    async def _subscribe_descriptor(
+        self, topic: TopicDescriptor, *, deliver: bool, since: float | None = None
+    ) -> None:
         """Join ``topic``'s tree, and its meta topic's, so new versions of the rules reach
         every member that checks them — relays and publishers included."""
         self.store.put_many([(topic.cid, topic.block)], pinned=True)
         if deliver:
             self.store.add_subscription(topic.cid, time.time())
-        self._apply(self.core.handle(ev.Subscribe(topic, deliver), time.time()))
+        self._apply(self.core.handle(ev.Subscribe(topic, deliver, since), time.time()))
         if topic.meta is not None and not self.core.is_subscribed(topic.meta):
             try:
                 meta = await self.get_topic(topic.meta)
@@ -313,7 +371,9 @@ class Node:
         except TopicNotFound:
             log.warning("subscribed topic %s is no longer available", topic_cid)
             return
-        self._apply(self.core.handle(ev.Subscribe(topic, True), time.time()))
+        since = self.store.subscription_since(topic_cid)
+        heads = tuple(self.store.heads(topic_cid))
+        self._apply(self.core.handle(ev.Subscribe(topic, True, since, heads), time.time()))
 
     async def _first_version(self, topic: TopicDescriptor) -> TopicDescriptor:
         """Trees are named by a topic's first version; walk back to it."""
@@ -506,6 +566,8 @@ class Node:
             for topic, cids in pending.items():
                 try:
                     self.store.log_append(topic, cids, now)
+                    # The heads let a restarted node ask only for what it missed.
+                    self.store.set_heads(topic, self.core.backfill.heads(topic))
                 except Exception:
                     log.exception("could not log %d deliveries", len(cids))
 

@@ -84,10 +84,16 @@ class DhtStored:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """Join ``topic``'s tree and deliver its events (``deliver=False``: relay only)."""
+    """Join ``topic``'s tree and deliver its events (``deliver=False``: relay only).
+
+    ``since`` is when the subscription began (default: now); events created before it are
+    not backfilled, and ``replay=True`` semantics are ``since=0``. ``heads`` are the heads
+    the durable store remembers, so a restarted node backfills only what it missed."""
 
     topic: TopicDescriptor
     deliver: bool = True
+    since: float | None = None
+    heads: tuple[CID, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

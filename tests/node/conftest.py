@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from dht import DhtConfig
 from pulsar import Node, NodeConfig
 from pulsar.net.config import TransportConfig
+from pulsar.net.faults import FaultInjector
 from pulsar.proto.core import CoreConfig
 from tests.waiting import eventually
 
@@ -23,6 +25,7 @@ FAST_TRANSPORT = TransportConfig(
     reconnect_attempts=1,
     drain_timeout=0.5,
 )
+FAST_DHT = DhtConfig(rpc_timeout=1.0)  # loopback answers in well under a millisecond
 FAST_CORE = CoreConfig(parent_retries=2, parent_retry_delay=0.1, root_check_interval=0.5)
 
 
@@ -30,13 +33,17 @@ class Network:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.nodes: list[Node] = []
+        self.drop_rate = 0.0
 
     def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
+        faults = FaultInjector(seed=index, drop_rate=self.drop_rate) if self.drop_rate else None
         return NodeConfig(
             data_dir=self.root / f"n{index}",
             bootstrap=bootstrap,
             core=FAST_CORE,
+            dht=FAST_DHT,
             transport=FAST_TRANSPORT,
+            faults=faults,
         )
 
     async def start(self, count: int) -> list[Node]:
@@ -70,4 +77,3 @@ async def network(tmp_path: Path) -> AsyncIterator[Network]:
         yield net
     finally:
         await net.close()
-
