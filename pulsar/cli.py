@@ -36,6 +36,17 @@ def _bench(args: argparse.Namespace) -> int:
 
         _print_json(asyncio.run(bench_tree(nodes=args.nodes or 50, events=args.events or 500)))
         return 0
+    if args.name == "delivery":
+        from .bench.delivery import bench_delivery
+
+        figures = bench_delivery(
+            nodes=args.nodes or 30,
+            events=args.events or 300,
+            history=args.history or 10_000,
+            seed=args.seed,
+        )
+        _print_json(asyncio.run(figures))
+        return 0
     if args.name == "transport":
         from .net.bench import bench_transport
 
@@ -48,11 +59,15 @@ def _bench(args: argparse.Namespace) -> int:
 def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
-        "name", choices=["codec", "dht", "tree", "transport"], help="which benchmark"
+        "name", choices=["codec", "delivery", "dht", "tree", "transport"], help="which benchmark"
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
     bench.add_argument("--seconds", type=float, default=1.0, help="time per measured rate")
+    bench.add_argument(
+        "--history", type=int, default=None, help="events to backfill and replay (delivery)"
+    )
+    bench.add_argument("--seed", type=int, default=1, help="fault and crash seed (delivery)")
     bench.set_defaults(handler=_bench)
 
 
