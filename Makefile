@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 run: $(STAMP)
-	$(VENV)/bin/pulsarcast devnet --nodes 5 --data-dir data/devnet
+	$(VENV)/bin/pulsarcast devnet --nodes 5 --data-dir data/devnet --api-base-port 8701
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,7 +1,15 @@
 """Pulsarcast: the protocol, the embedded node, the CLI, the testbed and the simulator."""
 
 from .config import NodeConfig
-from .node import Node, PublishError, TopicNotFound
+from .node import EventNotFound, LogEntry, Node, PublishError, TopicNotFound
 from .runtime.subscription import Subscription
 
-__all__ = ["Node", "NodeConfig", "PublishError", "Subscription", "TopicNotFound"]
+__all__ = [
+    "EventNotFound",
+    "LogEntry",
+    "Node",
+    "NodeConfig",
+    "PublishError",
+    "Subscription",
+    "TopicNotFound",
+]

@@ -74,19 +74,62 @@ def _add_bench(sub: Any) -> None:
 def _devnet(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .devnet import run_devnet
+    # The API sits above the node (api -> pulsar); only the command line reaches up to it.
+    from api.runner import run_devnet
 
     data_dir = Path(args.data_dir) if args.data_dir else None
-    return asyncio.run(run_devnet(args.nodes, data_dir, args.json, args.base_port))
+    return asyncio.run(run_devnet(args.nodes, data_dir, args.json, args.base_port,
+                                  args.api_base_port, args.api_host))
 
 
 def _add_devnet(sub: Any) -> None:
-    devnet = sub.add_parser("devnet", help="run a local network of nodes on 127.0.0.1")
+    devnet = sub.add_parser("devnet", help="run a local network of nodes, each with its REST "
+                            "API, on 127.0.0.1")
     devnet.add_argument("--nodes", type=int, default=5, help="how many nodes (default 5)")
     devnet.add_argument("--data-dir", default=None, help="keep node data here (default: temp)")
-    devnet.add_argument("--base-port", type=int, default=0, help="first port (default: any)")
-    devnet.add_argument("--json", action="store_true", help="one JSON object per node")
+    devnet.add_argument("--base-port", type=int, default=0,
+                        help="first p2p port (default: any free one)")
+    devnet.add_argument("--api-base-port", type=int, default=0,
+                        help="first REST API port (default: any free one)")
+    devnet.add_argument("--api-host", default="127.0.0.1", help="REST API bind address")
+    devnet.add_argument("--json", action="store_true", help="one JSON object per node "
+                        "(url, token, peer_id, address, data_dir)")
     devnet.set_defaults(handler=_devnet)
+
+
+def _node(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from api.runner import run_node
+
+    from .config import NodeConfig
+
+    bootstrap = tuple(_host_port(b) for b in args.bootstrap)
+    config = NodeConfig(data_dir=Path(args.data_dir), host=args.host, port=args.port,
+                        bootstrap=bootstrap)
+    return asyncio.run(run_node(config, args.api_host, args.api_port, args.token, args.json))
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"--bootstrap takes HOST:PORT, not {value!r}")
+    return host, int(port)
+
+
+def _add_node(sub: Any) -> None:
+    node = sub.add_parser("node", help="run one node with its REST API until Ctrl-C")
+    node.add_argument("--data-dir", required=True, help="key, database and API token live here")
+    node.add_argument("--host", default="127.0.0.1", help="p2p bind address")
+    node.add_argument("--port", type=int, default=0, help="p2p port, UDP and TCP (default any)")
+    node.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
+                      help="a node to join through (repeatable)")
+    node.add_argument("--api-host", default="127.0.0.1", help="REST API bind address")
+    node.add_argument("--api-port", type=int, default=8700, help="REST API port (default 8700)")
+    node.add_argument("--token", default=None,
+                      help="API token (default: generated into the data dir)")
+    node.add_argument("--json", action="store_true", help="print the node's details as JSON")
+    node.set_defaults(handler=_node)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_devnet(sub)
+    _add_node(sub)
     return parser
 
 

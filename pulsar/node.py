@@ -19,6 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from typing import Any, Self
 
 from dag import (
@@ -44,7 +45,7 @@ from .proto.messages import MessageError, decode_message, encode_message
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 
-__all__ = ["Node", "PublishError", "TopicNotFound"]
+__all__ = ["EventNotFound", "LogEntry", "Node", "PublishError", "TopicNotFound"]
 
 log = logging.getLogger("pulsar.node")
 
@@ -53,8 +54,21 @@ class PublishError(RuntimeError):
     """A publish the topic's rules refused, or that could not reach a publisher."""
 
 
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One delivered event at its position in this node's delivery log of a topic."""
+
+    seq: int
+    event: EventDescriptor
+    delivered_at: float
+
+
 class TopicNotFound(LookupError):
     """No valid topic descriptor could be found for a CID (locally or in the DHT)."""
+
+
+class EventNotFound(LookupError):
+    """No valid event descriptor could be found for a CID (locally or in the DHT)."""
 
 
 class Node:
@@ -92,6 +106,7 @@ class Node:
         self._pending_log: dict[CID, list[CID]] = {}
         self._flush_scheduled = False
         self._stopped = False
+        self._log_grew: dict[CID, asyncio.Event] = {}
         self.rejections = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -152,6 +167,8 @@ class Node:
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(PublishError("node stopped"))
+        for grew in self._log_grew.values():
+            grew.set()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -185,6 +202,10 @@ class Node:
 
     def trees(self) -> list[TreeView]:
         return self.core.trees()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     @property
     def metrics(self) -> dict[str, int]:
@@ -239,10 +260,28 @@ class Node:
             raise TopicNotFound(f"{cid} is not a valid topic: {exc}") from None
         return topic
 
+    async def get_event(self, cid: CID) -> EventDescriptor:
+        """An event descriptor by CID, from the local store or the DHT, fully verified."""
+        block = await self._get_block(cid)
+        if block is None:
+            raise EventNotFound(f"event {cid} not found")
+        try:
+            return EventDescriptor.from_block(block, cid)
+        except InvalidDescriptor as exc:
+            raise EventNotFound(f"{cid} is not a valid event: {exc}") from None
+
+    async def topic_versions(self, topic_cid: CID) -> list[TopicDescriptor]:
+        """Every known version of the topic, newest first (following ``parent`` links)."""
+        root = await self.first_version(await self.get_topic(topic_cid))
+        versions = [self.core.latest(root.cid) or root]
+        while versions[-1].parent is not None and len(versions) < 10_000:
+            versions.append(await self.get_topic(versions[-1].parent))
+        return versions
+
     async def update_topic(self, topic_cid: CID, **changes: Any) -> TopicDescriptor:
         """A new version of the topic (linking the latest as parent, same meta topic),
         announced as an event on the meta topic. Only the author may update."""
-        root = await self._first_version(await self.get_topic(topic_cid))
+        root = await self.first_version(await self.get_topic(topic_cid))
         current = self.core.latest(root.cid) or root
         if current.author != self.peer_id:
             raise PublishError("only the topic's author may update it")
@@ -283,7 +322,7 @@ class Node:
         backfilled and delivered first (from tree neighbours and the DHT, so it works with
         the publisher offline). Subscriptions are durable: after a restart the node rejoins,
         backfills what it missed, and never delivers an event twice."""
-        topic = await self._first_version(await self.get_topic(topic_cid))
+        topic = await self.first_version(await self.get_topic(topic_cid))
         sub = Subscription(topic.cid)
         self._subscriptions.setdefault(topic.cid, []).append(sub)
         await self._subscribe_descriptor(topic, deliver=True, since=0.0 if replay else None)
@@ -305,25 +344,76 @@ class Node:
         after = self._log_position(topic_cid, since, 0) or 0
         last = self._log_position(topic_cid, until, None)
         remaining = limit
-        page = 1000
         while remaining is None or remaining > 0:
-            self._flush()
-            size = page if remaining is None else min(page, remaining)
-            rows = self.store.log_range(topic_cid, after_seq=after, limit=size)
-            if not rows:
+            size = 1000 if remaining is None else min(1000, remaining)
+            entries = self.log_entries(topic_cid, after=after, limit=size)
+            if not entries:
                 return
-            for seq, cid, _ in rows:
-                if last is not None and seq > last:
+            for entry in entries:
+                if last is not None and entry.seq > last:
                     return
-                block = self._local_block(cid)
-                if block is None:
-                    continue
-                yield EventDescriptor.from_block(block, cid, verify_signature=False)
-                after = seq
+                yield entry.event
+                after = entry.seq
                 if remaining is not None:
                     remaining -= 1
                     if remaining == 0:
                         return
+
+    def log_entries(
+        self,
+        topic_cid: CID,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int = 1000,
+        descending: bool = False,
+    ) -> list[LogEntry]:
+        """One page of the delivery log of ``topic_cid``: entries with ``after < seq <
+        before``, oldest first (newest first with ``descending``). The sequence number is
+        the cursor the REST API, stream resume and Spark offsets hand out."""
+        self._flush()
+        rows = self.store.log_range(
+            topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
+        )
+        entries = []
+        for seq, cid, delivered_at in rows:
+            block = self._local_block(cid)
+            if block is None:  # pruned by the operator: the position stays, the event went
+                continue
+            event = EventDescriptor.from_block(block, cid, verify_signature=False)
+            entries.append(LogEntry(seq, event, delivered_at))
+        return entries
+
+    def log_position(self, topic_cid: CID, value: CID | int | float | None) -> int:
+        """A cursor for ``value`` (an event CID in the log, a sequence number, or a
+        timestamp: the last position delivered before it); 0 for None."""
+        return self._log_position(topic_cid, value, 0) or 0
+
+    def last_position(self, topic_cid: CID) -> int:
+        """The newest position of the delivery log of ``topic_cid`` (0 if empty)."""
+        self._flush()
+        return self.store.log_last_seq(topic_cid)
+
+    async def wait_for_log(self, topic_cid: CID, after: int, timeout: float) -> bool:
+        """Wait until the log of ``topic_cid`` holds a position beyond ``after``; False on
+        timeout, on unsubscribe and once the node stops. Live streams wait here rather
+        than poll."""
+        if self._stopped:
+            return False
+        if self.last_position(topic_cid) > after:
+            return True
+        grew = self._log_grew.setdefault(topic_cid, asyncio.Event())
+        grew.clear()
+        try:
+            async with asyncio.timeout(timeout):
+                await grew.wait()
+        except TimeoutError:
+            pass
+        return not self._stopped and self.last_position(topic_cid) > after
+
+    def subscribed(self) -> list[CID]:
+        """The topics this node is subscribed to (durably), oldest subscription first."""
+        return self.store.subscriptions()
 
     def _log_position(
         self, topic: CID, value: CID | int | float | None, default: int | None
@@ -345,6 +435,9 @@ class Node:
         """Leave the tree cleanly (children route around us) and end the iterators."""
         for sub in self._subscriptions.pop(topic_cid, []):
             sub.close()
+        grew = self._log_grew.get(topic_cid)
+        if grew is not None:
+            grew.set()  # live streams of this topic see the end
         self.store.remove_subscription(topic_cid)
         self._apply(self.core.handle(ev.Unsubscribe(topic_cid), time.time()))
 
@@ -375,7 +468,7 @@ class Node:
         heads = tuple(self.store.heads(topic_cid))
         self._apply(self.core.handle(ev.Subscribe(topic, True, since, heads), time.time()))
 
-    async def _first_version(self, topic: TopicDescriptor) -> TopicDescriptor:
+    async def first_version(self, topic: TopicDescriptor) -> TopicDescriptor:
         """Trees are named by a topic's first version; walk back to it."""
         seen = 0
         while topic.parent is not None:
@@ -401,7 +494,7 @@ class Node:
         Returns the event once it is stored in the DHT and on its way."""
         if not isinstance(payload, bytes):
             raise TypeError("payload must be bytes")
-        topic = await self._first_version(await self.get_topic(topic_cid))
+        topic = await self.first_version(await self.get_topic(topic_cid))
         if self.core.tree(topic.cid) is None:
             await self._subscribe_descriptor(topic, deliver=False)
         body: bytes | CID = payload
@@ -566,6 +659,9 @@ class Node:
             for topic, cids in pending.items():
                 try:
                     self.store.log_append(topic, cids, now)
+                    grew = self._log_grew.get(topic)
+                    if grew is not None:
+                        grew.set()
                     # The heads let a restarted node ask only for what it missed.
                     self.store.set_heads(topic, self.core.backfill.heads(topic))
                 except Exception:

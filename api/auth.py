@@ -1,0 +1,54 @@
+"""Bearer-token authentication for every request that changes state.
+
+Reads (GET, HEAD) are open to whoever can reach the socket, which is loopback unless the
+operator says otherwise; anything else needs ``Authorization: Bearer <token>``. The token is
+generated into the data directory on first start (file mode 0600) or given in the config.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from aiohttp import web
+
+from .problems import Handler, Problem
+
+__all__ = ["TOKEN_FILE", "auth_middleware", "load_or_create_token"]
+
+TOKEN_FILE = "api-token"
+_OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def load_or_create_token(data_dir: Path) -> str:
+    """The token kept in ``data_dir``; a new random one (256 bits) if there is none."""
+    path = Path(data_dir) / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        return token
+    if len(token) < 16:
+        raise ValueError(f"{path}: the API token must be at least 16 characters")
+    return token
+
+
+def auth_middleware(token: str) -> web.middleware:  # type: ignore[valid-type]
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method not in _OPEN_METHODS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise Problem(401, "unauthorized", "this call changes state: send the node's "
+                              "API token as 'Authorization: Bearer <token>'")
+        return await handler(request)
+
+    return check

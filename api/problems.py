@@ -1,0 +1,97 @@
+"""Errors as RFC 9457 problem documents (``application/problem+json``).
+
+Every error the API answers has a stable ``type`` a client can branch on, a human ``title``
+and ``detail``, and the HTTP ``status``. Handlers raise :class:`Problem`; the middleware turns
+it, aiohttp's own HTTP errors (unknown route, wrong method, body too large) and anything
+unexpected into a problem document, so a client never sees an HTML page or a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["PROBLEM_TYPES", "Problem", "problem_middleware", "problem_response"]
+
+log = logging.getLogger(__name__)
+
+PROBLEM_BASE = "https://pulsarcast.dev/problems/"
+
+PROBLEM_TYPES: dict[str, str] = {
+    "bad-request": "The request is malformed",
+    "invalid-json": "The body is not valid JSON",
+    "invalid-field": "A field has a wrong type or value",
+    "invalid-cid": "A CID string does not parse",
+    "unauthorized": "A valid bearer token is required",
+    "not-found": "No such resource",
+    "topic-not-found": "Topic not found",
+    "event-not-found": "Event not found",
+    "not-subscribed": "This node is not subscribed to the topic",
+    "publish-refused": "The topic's rules refuse this publication",
+    "method-not-allowed": "Method not allowed",
+    "payload-too-large": "The request body is too large",
+    "unsupported-media-type": "The body must be application/json",
+    "internal": "Internal error",
+}
+"""Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""
+
+
+class Problem(Exception):
+    """Raised by handlers: becomes a problem document with this status and type."""
+
+    def __init__(self, status: int, kind: str, detail: str, **extra: Any) -> None:
+        assert kind in PROBLEM_TYPES, kind
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
+        self.detail = detail
+        self.extra = extra
+
+
+def problem_response(
+    status: int, kind: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
+    body = {
+        "type": PROBLEM_BASE + kind,
+        "title": PROBLEM_TYPES[kind],
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    return web.Response(
+        status=status,
+        text=json.dumps(body),
+        content_type="application/problem+json",
+        headers=headers,
+    )
+
+
+_HTTP_KINDS = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Problem as problem:
+        headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+        return problem_response(
+            problem.status, problem.kind, problem.detail, headers=headers, **problem.extra
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = _HTTP_KINDS.get(exc.status, "bad-request")
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return problem_response(exc.status, kind, exc.reason, headers=headers)
+    except ConnectionResetError:
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return problem_response(500, "internal", "the node could not answer; see its log")

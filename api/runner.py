@@ -1,0 +1,131 @@
+"""Long-running processes with the REST API: one node (``pulsarcast node``) or a local
+network (``pulsarcast devnet``, what ``make run`` starts). They run until SIGINT or SIGTERM,
+then stop the API, then the nodes (which flush their stores)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pulsar import Node, NodeConfig
+from pulsar.devnet import Devnet
+
+from .server import ApiServer
+
+__all__ = ["run_devnet", "run_node"]
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def describe(index: int, node: Node, server: ApiServer) -> dict[str, Any]:
+    host, port = node.address
+    return {
+        "node": index,
+        "peer_id": str(node.peer_id),
+        "address": f"{host}:{port}",
+        "url": server.url,
+        "token": server.token,
+        "data_dir": str(node.config.data_dir),
+    }
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _tour(first: dict[str, Any]) -> str:
+    url, token = first["url"], first["token"]
+    return f"""
+Try it (node 0; every node has its own URL and token):
+  export PC={url} TOKEN={token}
+  curl -s -X POST $PC/v1/topics -H "Authorization: Bearer $TOKEN" \\
+       -H 'Content-Type: application/json' -d '{{"name": "demo"}}'
+  curl -s -X POST $PC/v1/topics/<cid>/events -H "Authorization: Bearer $TOKEN" \\
+       -H 'Content-Type: application/json' -d '{{"text": "hello"}}'
+  curl -N "$PC/v1/topics/<cid>/stream?from=earliest"
+API reference: docs/api.md. Press Ctrl-C to stop."""
+
+
+async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port: int,
+                     api_base_port: int = 0, api_host: str = "127.0.0.1") -> int:
+    """Start ``count`` nodes and an API on each; print how to reach them; run until
+    signalled."""
+    if count < 1:
+        raise SystemExit("--nodes must be at least 1")
+    with contextlib.ExitStack() as stack:
+        if data_dir is None:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="devnet-")))
+        net = Devnet(data_dir, count, base_port)
+        servers: list[ApiServer] = []
+
+        def progress(done: int, total: int) -> None:
+            if not as_json:
+                print(f"\rstarting nodes: {done}/{total}", end="", file=sys.stderr, flush=True)
+
+        try:
+            await net.start(progress)
+            if not as_json:
+                print(file=sys.stderr)
+            described = []
+            for i, node in enumerate(net.nodes):
+                port = api_base_port + i if api_base_port else 0
+                try:
+                    server = await ApiServer.start(node, host=api_host, port=port)
+                except OSError as exc:
+                    raise SystemExit(f"cannot serve the API of node {i} on "
+                                     f"{api_host}:{port}: {exc.strerror}") from None
+                servers.append(server)
+                info = describe(i, node, server)
+                described.append(info)
+                if as_json:
+                    print(json.dumps(info), flush=True)
+                else:
+                    print(f"node {i}: {info['url']}  token {info['token']}  "
+                          f"peer {info['peer_id']}  p2p {info['address']}", flush=True)
+            if not as_json:
+                _say(_tour(described[0]))
+            await _until_signalled()
+        finally:
+            for server in servers:
+                await server.stop()
+            await net.stop()
+    return 0
+
+
+async def run_node(config: NodeConfig, api_host: str, api_port: int, token: str | None,
+                   as_json: bool) -> int:
+    """One node with its API, until signalled."""
+    node = await Node.start(config)
+    server = None
+    try:
+        server = await ApiServer.start(node, host=api_host, port=api_port, token=token)
+        info = describe(0, node, server)
+        del info["node"]
+        if as_json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"node {info['peer_id']}\n  p2p  {info['address']} (UDP DHT + TCP)\n"
+                  f"  api  {info['url']}\n  token in {config.data_dir / 'api-token'}",
+                  flush=True)
+        await _until_signalled()
+    finally:
+        if server is not None:
+            await server.stop()
+        await node.stop()
+    return 0

@@ -1,0 +1,219 @@
+"""Every endpoint against a real server on loopback, with a real HTTP client."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import stat
+
+import aiohttp
+
+from tests.waiting import eventually
+
+from .conftest import Api
+
+BASE = "https://pulsarcast.dev/problems/"
+JSON = {"Content-Type": "application/json"}
+
+
+async def test_topic_lifecycle_publish_and_fetch(apis: list[Api]) -> None:
+    author, reader, _ = apis
+    status, topic = await author.call("POST", "/v1/topics", json={"name": "weather"})
+    assert status == 201 and topic["name"] == "weather" and topic["event_linking"] == "LAST_SEEN"
+    assert topic["author"] == str(author.node.peer_id) and "meta" in topic["subtopics"]
+    cid = topic["cid"]
+    status, same = await reader.call("GET", f"/v1/topics/{cid}")
+    assert status == 200 and same == topic
+
+    status, sub = await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    assert status == 201 and sub == {"topic": cid, "position": 0}
+    status, _ = await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    assert status == 200
+
+    raw = base64.b64encode(b"\0\1").decode()
+    sent = [{"json": {"t": 21.5}}, {"text": "héllo"}, {"base64": raw}]
+    published = []
+    for body in sent:
+        status, event = await author.call("POST", f"/v1/topics/{cid}/events", json=body)
+        assert status == 201 and event["publisher"] == str(author.node.peer_id)
+        published.append(event)
+    assert [base64.b64decode(e["payload"]) for e in published] == [
+        b'{"t":21.5}', "héllo".encode(), b"\0\1"]
+    assert published[1]["parent"] == published[0]["cid"]
+
+    async def reader_has_all() -> bool:
+        _, subs = await reader.call("GET", "/v1/subscriptions")
+        return subs["subscriptions"][0]["position"] == 3  # type: ignore[index]
+
+    await eventually(reader_has_all, timeout=10)
+    status, page = await reader.call("GET", f"/v1/topics/{cid}/events")
+    assert status == 200 and [e["cid"] for e in page["events"]] == [e["cid"] for e in published]
+    assert [e["seq"] for e in page["events"]] == [1, 2, 3] and "next_cursor" not in page
+
+    status, fetched = await reader.call("GET", f"/v1/events/{published[2]['cid']}")
+    assert status == 200 and fetched["payload"] == published[2]["payload"]
+
+    status, new = await author.call("PATCH", f"/v1/topics/{cid}", json={"name": "weather-v2"})
+    assert status == 200 and new["parent"] == cid and new["name"] == "weather-v2"
+    status, versions = await author.call("GET", f"/v1/topics/{cid}/versions")
+    assert [v["cid"] for v in versions["versions"]] == [new["cid"], cid]
+
+    status, _ = await reader.call("DELETE", f"/v1/subscriptions/{cid}")
+    assert status == 204
+    status, problem = await reader.call("DELETE", f"/v1/subscriptions/{cid}")
+    assert status == 404 and problem["type"] == BASE + "not-subscribed"
+
+
+async def test_history_paging_cursors_and_ndjson(apis: list[Api]) -> None:
+    author = apis[0]
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "paged"})
+    cid = topic["cid"]
+    cids = []
+    for i in range(25):
+        _, event = await author.call("POST", f"/v1/topics/{cid}/events", json={"json": i})
+        cids.append(event["cid"])
+    seen, cursor = [], None
+    while True:
+        query = f"?limit=10&cursor={cursor}" if cursor else "?limit=10"
+        _, page = await author.call("GET", f"/v1/topics/{cid}/events{query}")
+        seen += [e["cid"] for e in page["events"]]
+        cursor = page.get("next_cursor")
+        if cursor is None:
+            break
+    assert seen == cids
+    _, back = await author.call("GET", f"/v1/topics/{cid}/events?direction=backward&limit=5")
+    assert [e["cid"] for e in back["events"]] == cids[::-1][:5]
+    _, after_cid = await author.call("GET", f"/v1/topics/{cid}/events?cursor={cids[19]}")
+    assert [e["cid"] for e in after_cid["events"]] == cids[20:]
+    async with author.http.get(f"{author.url}/v1/topics/{cid}/events?format=ndjson") as r:
+        assert r.content_type == "application/x-ndjson"
+        lines = (await r.text()).splitlines()
+    assert [json.loads(line)["cid"] for line in lines] == cids
+
+
+async def test_sse_live_and_resume_without_gap_or_duplicate(apis: list[Api]) -> None:
+    author, reader, _ = apis
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "live"})
+    cid = topic["cid"]
+    await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    url = f"{reader.url}/v1/topics/{cid}/stream?from=earliest"
+
+    async def read_events(response: aiohttp.ClientResponse, count: int) -> list[tuple[int, str]]:
+        got: list[tuple[int, str]] = []
+        seq = None
+        async for raw in response.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("id: "):
+                seq = int(line[4:])
+            elif line.startswith("data: ") and seq is not None:
+                got.append((seq, json.loads(line[6:])["cid"]))
+                seq = None
+                if len(got) == count:
+                    return got
+        raise AssertionError(f"stream ended after {len(got)} events")
+
+    published = []
+    for i in range(5):
+        _, e = await author.call("POST", f"/v1/topics/{cid}/events", json={"json": i})
+        published.append(e["cid"])
+    async with reader.http.get(url) as stream:
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        first = await read_events(stream, 5)
+    # Dropped connection: five more are published while nobody listens.
+    for i in range(5, 10):
+        _, e = await author.call("POST", f"/v1/topics/{cid}/events", json={"json": i})
+        published.append(e["cid"])
+    last_id = str(first[-1][0])
+    async with reader.http.get(url, headers={"Last-Event-ID": last_id}) as stream:
+        second = await read_events(stream, 5)
+        # ... then live: published after the stream resumed.
+        _, e = await author.call("POST", f"/v1/topics/{cid}/events", json={"json": 10})
+        published.append(e["cid"])
+        third = await read_events(stream, 1)
+    got = first + second + third
+    assert [c for _, c in got] == published
+    assert [s for s, _ in got] == list(range(1, 12))
+
+
+async def test_stream_ends_when_unsubscribed(apis: list[Api]) -> None:
+    author = apis[0]
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "ending"})
+    cid = topic["cid"]
+    async with author.http.get(f"{author.url}/v1/topics/{cid}/stream") as stream:
+        await author.call("DELETE", f"/v1/subscriptions/{cid}")
+        text = (await stream.read()).decode()
+    assert "event: end" in text and "unsubscribed" in text
+
+
+async def test_auth_refusals_and_token_file(apis: list[Api]) -> None:
+    api = apis[0]
+    status, problem = await api.call("POST", "/v1/topics", auth=False, json={"name": "x"})
+    assert status == 401 and problem["type"] == BASE + "unauthorized"
+    async with api.http.post(f"{api.url}/v1/topics", json={"name": "x"},
+                             headers={"Authorization": "Bearer wrong"}) as r:
+        assert r.status == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+    status, _ = await api.call("GET", "/v1/node", auth=False)
+    assert status == 200
+    token_file = api.node.config.data_dir / "api-token"
+    assert token_file.read_text().strip() == api.server.token
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+
+
+async def test_bad_input_is_answered_with_problem_documents(apis: list[Api]) -> None:
+    api = apis[0]
+    _, topic = await api.call("POST", "/v1/topics", json={"name": "strict"})
+    cid = topic["cid"]
+    unknown = "bafyreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    events = f"/v1/topics/{cid}/events"
+    big = {"data": io.BytesIO(b"x" * 3_000_000), "headers": JSON}
+    cases = [
+        ("POST", "/v1/topics", {"data": b"{not json", "headers": JSON}, 400, "invalid-json"),
+        ("POST", "/v1/topics", {"data": b"[]", "headers": JSON}, 400, "invalid-json"),
+        ("POST", "/v1/topics", {"data": b"name=x"}, 415, "unsupported-media-type"),
+        ("POST", "/v1/topics", {"json": {"name": 7}}, 400, "invalid-field"),
+        ("POST", "/v1/topics", {"json": {"name": "x", "event_linking": "X"}}, 400, "invalid-field"),
+        ("POST", "/v1/topics", {"json": {"name": "x", "allowed_publishers": 1}}, 400,
+         "invalid-field"),
+        ("POST", "/v1/topics", {"json": {"name": "x", "colour": "red"}}, 400, "invalid-field"),
+        ("GET", "/v1/topics/not-a-cid", {}, 400, "invalid-cid"),
+        ("GET", f"/v1/topics/{unknown}", {}, 404, "topic-not-found"),
+        ("GET", f"/v1/events/{unknown}", {}, 404, "event-not-found"),
+        ("POST", events, {"json": {"text": 5}}, 400, "invalid-field"),
+        ("POST", events, {"json": {"text": "a", "json": 1}}, 400, "invalid-field"),
+        ("POST", events, {"json": {"base64": "***"}}, 400, "invalid-field"),
+        ("POST", events, {"json": {"text": "a", "parent": cid}}, 403, "publish-refused"),
+        ("POST", events, big, 413, "payload-too-large"),
+        ("GET", events + "?limit=0", {}, 400, "invalid-field"),
+        ("GET", events + "?limit=abc", {}, 400, "invalid-field"),
+        ("GET", events + "?direction=sideways", {}, 400, "invalid-field"),
+        ("GET", events + "?since=yesterday", {}, 400, "invalid-field"),
+        ("GET", events + f"?cursor={unknown}", {}, 404, "event-not-found"),
+        ("GET", f"/v1/topics/{unknown}/stream", {}, 404, "topic-not-found"),
+        ("GET", "/v1/nothing-here", {}, 404, "not-found"),
+        ("DELETE", "/v1/topics", {}, 405, "method-not-allowed"),
+    ]
+    for method, path, kw, status, kind in cases:
+        got, problem = await api.call(method, path, **kw)
+        assert (got, problem["type"]) == (status, BASE + kind), (method, path, problem)
+        assert problem["status"] == status and problem["detail"]
+
+
+async def test_node_views_health_metrics_and_openapi(apis: list[Api]) -> None:
+    api = apis[0]
+    _, node = await api.call("GET", "/v1/node")
+    assert node["peer_id"] == str(api.node.peer_id)
+    assert node["address"]["port"] == api.node.address[1]
+    _, routing = await api.call("GET", "/v1/node/routing")
+    assert {c["port"] for c in routing["contacts"]} == {a.node.address[1] for a in apis[1:]}
+    _, topic = await api.call("POST", "/v1/topics", json={"name": "viewed"})
+    _, trees = await api.call("GET", "/v1/node/trees")
+    assert topic["cid"] in {t["topic"] for t in trees["trees"]}
+    status, health = await api.call("GET", "/v1/health")
+    assert status == 200 and health["status"] == "ok"
+    await api.call("POST", f"/v1/topics/{topic['cid']}/events", json={"text": "x"})
+    status, text = await api.call("GET", "/metrics")
+    assert status == 200 and "pulsarcast_published_total 1" in str(text)
+    _, doc = await api.call("GET", "/v1/openapi.json")
+    assert doc["openapi"].startswith("3.1") and "/v1/topics/{cid}/stream" in doc["paths"]
