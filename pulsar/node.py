@@ -338,8 +338,10 @@ class Node:
     ) -> AsyncIterator[EventDescriptor]:
         """Replay the events this node delivered for ``topic_cid``, in causal (delivery)
         order, from the durable delivery log. ``since``/``until`` take an event CID, a log
-        sequence number (int) or a timestamp (float, seconds since the epoch); ``since`` is
-        exclusive and ``until`` inclusive. For a topic never followed here, subscribe with
+        sequence number (int) or a timestamp (float, seconds since the epoch). A CID or a
+        sequence number as ``since`` is exclusive, as ``until`` inclusive; a time selects
+        what was delivered at or after ``since`` and strictly before ``until`` (delivery
+        times, not the events' ``created``). For a topic never followed here, subscribe with
         ``replay=True`` first: the node then backfills the whole DAG into the log."""
         after = self._log_position(topic_cid, since, 0) or 0
         last = self._log_position(topic_cid, until, None)

@@ -15,9 +15,13 @@ _END = object()
 class Subscription(AsyncIterator[EventDescriptor]):
     """Events of one topic, each once, in the order this node accepted them.
 
-    The buffer is bounded only by the node's delivery log (events are also in the SQLite
-    store), so a slow consumer never makes the node drop events; ``close()`` (or the node's
-    unsubscribe/stop) ends the iteration.
+    The in-memory queue is not bounded: a slow consumer never makes the node drop events,
+    at the price of memory while it lags. Consumers that may lag far behind should read
+    the durable log instead (``Node.history`` / ``Node.log_entries`` with a cursor, or the
+    REST stream), which costs no memory. ``close()`` (or the node's unsubscribe/stop) ends
+    the iteration. Only events delivered after ``subscribe()`` returned reach the queue;
+    after a restart, what the node backfilled before the application subscribed again is
+    in the log, not here.
     """
 
     def __init__(self, topic: CID) -> None:
