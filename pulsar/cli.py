@@ -47,6 +47,12 @@ def _bench(args: argparse.Namespace) -> int:
         )
         _print_json(asyncio.run(figures))
         return 0
+    if args.name == "api":
+        # The API sits above the node (api -> pulsar); only the command line reaches up to it.
+        from api.bench import bench_api
+
+        _print_json(asyncio.run(bench_api(events=args.events or 10_000)))
+        return 0
     if args.name == "transport":
         from .net.bench import bench_transport
 
@@ -59,7 +65,9 @@ def _bench(args: argparse.Namespace) -> int:
 def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
-        "name", choices=["codec", "delivery", "dht", "tree", "transport"], help="which benchmark"
+        "name",
+        choices=["api", "codec", "delivery", "dht", "tree", "transport"],
+        help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
