@@ -13,11 +13,20 @@ from pulsar import Node, TopicNotFound
 from .problems import Problem
 from .views import parse_cid
 
-__all__ = ["NODE", "json_body", "node_of", "query_int", "topic_of", "path_cid"]
+__all__ = ["NODE", "json_body", "json_response", "node_of", "path_cid", "query_int", "topic_of"]
 
 NODE: web.AppKey[Node] = web.AppKey("node", Node)
 MAX_PAGE = 1000
 """Largest ``limit`` of one JSON history page (NDJSON streams have no such bound)."""
+
+
+def _dumps(body: Any) -> str:
+    return json.dumps(body) + "\n"  # a newline ends each answer, as curl users expect
+
+
+def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> web.Response:
+    return web.json_response(body, status=status, headers=headers, dumps=_dumps)
 
 
 def node_of(request: web.Request) -> Node:

@@ -18,7 +18,7 @@ from aiohttp import web
 from dag import CID, TopicDescriptor
 from pulsar import LogEntry, Node
 
-from .common import MAX_PAGE, node_of, query_int, topic_of
+from .common import MAX_PAGE, json_response, node_of, query_int, topic_of
 from .problems import Problem
 from .topics import event_view
 from .views import parse_cid
@@ -111,7 +111,7 @@ async def history(request: web.Request) -> web.StreamResponse:
     }
     if more and entries:
         body["next_cursor"] = str(entries[-1].seq)
-    return web.json_response(body)
+    return json_response(body)
 
 
 async def _ndjson(request: web.Request, node: Node, topic: CID, low: int, high: int,

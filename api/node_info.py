@@ -9,7 +9,7 @@ from aiohttp import web
 
 from pulsar import Node
 
-from .common import node_of, query_int
+from .common import json_response, node_of, query_int
 
 __all__ = ["routes", "prometheus_text"]
 
@@ -21,7 +21,7 @@ STARTED: web.AppKey[float] = web.AppKey("started", float)
 async def node_identity(request: web.Request) -> web.Response:
     node = node_of(request)
     host, port = node.address
-    return web.json_response({
+    return json_response({
         "peer_id": str(node.peer_id),
         "kademlia_id": node.dht.node_id.hex(),
         "address": {"host": host, "port": port, "udp": "dht", "tcp": "pub-sub transport"},
@@ -34,7 +34,7 @@ async def routing(request: web.Request) -> web.Response:
     node = node_of(request)
     k = query_int(request, "k", 20, 1, 1000)
     contacts = node.dht.closest_known_peers(node.dht.node_id, k)
-    return web.json_response({
+    return json_response({
         "contacts": [
             {"kademlia_id": c.node_id.hex(), "host": c.host, "port": c.port,
              "peer_id": None if c.peer_id is None else str(c.peer_id)}
@@ -46,7 +46,7 @@ async def routing(request: web.Request) -> web.Response:
 @routes.get("/v1/node/trees")
 async def trees(request: web.Request) -> web.Response:
     node = node_of(request)
-    return web.json_response({
+    return json_response({
         "trees": [
             {"topic": str(t.topic), "parents": sorted(str(p) for p in t.parents),
              "children": sorted(str(c) for c in t.children), "is_root": t.is_root,
@@ -65,7 +65,7 @@ async def health(request: web.Request) -> web.Response:
         "uptime_s": round(time.time() - request.app[STARTED], 3),
         "subscriptions": len(node.subscribed()) if not node.stopped else 0,
     }
-    return web.json_response(body, status=200 if status == "ok" else 503)
+    return json_response(body, status=200 if status == "ok" else 503)
 
 
 def prometheus_text(node: Node) -> str:

@@ -64,7 +64,7 @@ def problem_response(
     }
     return web.Response(
         status=status,
-        text=json.dumps(body),
+        text=json.dumps(body) + "\n",
         content_type="application/problem+json",
         headers=headers,
     )

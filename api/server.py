@@ -16,7 +16,7 @@ from pulsar import Node
 
 from . import history, node_info, topics
 from .auth import auth_middleware, load_or_create_token
-from .common import NODE
+from .common import NODE, json_response
 from .openapi import openapi_document
 from .problems import problem_middleware
 
@@ -40,7 +40,7 @@ def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S
     document = openapi_document()
 
     async def serve_openapi(request: web.Request) -> web.Response:
-        return web.json_response(document)
+        return json_response(document)
 
     app.router.add_get("/v1/openapi.json", serve_openapi)
     return app

@@ -10,7 +10,7 @@ from aiohttp import web
 from dag import CID, EventDescriptor, EventLinking, TopicDescriptor
 from pulsar import EventNotFound, Node, PublishError
 
-from .common import json_body, node_of, path_cid, topic_of
+from .common import json_body, json_response, node_of, path_cid, topic_of
 from .problems import Problem
 from .views import event_json, parse_cid, parse_payload, parse_peers, topic_json
 
@@ -67,20 +67,20 @@ async def create_topic(request: web.Request) -> web.Response:
         topic = await node_of(request).create_topic(name, **settings)
     except (ValueError, TypeError) as exc:
         raise Problem(400, "invalid-field", str(exc)) from None
-    return web.json_response(topic_json(topic), status=201,
+    return json_response(topic_json(topic), status=201,
                              headers={"Location": f"/v1/topics/{topic.cid}"})
 
 
 @routes.get("/v1/topics/{cid}")
 async def get_topic(request: web.Request) -> web.Response:
-    return web.json_response(topic_json(await topic_of(request)))
+    return json_response(topic_json(await topic_of(request)))
 
 
 @routes.get("/v1/topics/{cid}/versions")
 async def topic_versions(request: web.Request) -> web.Response:
     topic = await topic_of(request)
     versions = await node_of(request).topic_versions(topic.cid)
-    return web.json_response({"versions": [topic_json(v) for v in versions]})
+    return json_response({"versions": [topic_json(v) for v in versions]})
 
 
 @routes.patch("/v1/topics/{cid}")
@@ -95,7 +95,7 @@ async def update_topic(request: web.Request) -> web.Response:
         raise Problem(403, "publish-refused", str(exc)) from None
     except (ValueError, TypeError) as exc:
         raise Problem(400, "invalid-field", str(exc)) from None
-    return web.json_response(topic_json(new))
+    return json_response(topic_json(new))
 
 
 # ------------------------------------------------------------------ subscriptions
@@ -114,7 +114,7 @@ async def subscribe(request: web.Request) -> web.Response:
     already = root.cid in node.subscribed()
     if not already:
         await node.subscribe(root.cid, replay=replay)
-    return web.json_response(_subscription_json(node, root.cid), status=200 if already else 201)
+    return json_response(_subscription_json(node, root.cid), status=200 if already else 201)
 
 
 @routes.delete("/v1/subscriptions/{cid}")
@@ -131,7 +131,7 @@ async def unsubscribe(request: web.Request) -> web.Response:
 @routes.get("/v1/subscriptions")
 async def subscriptions(request: web.Request) -> web.Response:
     node = node_of(request)
-    return web.json_response(
+    return json_response(
         {"subscriptions": [_subscription_json(node, t) for t in node.subscribed()]}
     )
 
@@ -156,7 +156,7 @@ async def publish(request: web.Request) -> web.Response:
     except PublishError as exc:
         raise Problem(403, "publish-refused", str(exc)) from None
     answer = event_json(event, payload)
-    return web.json_response(answer, status=201, headers={"Location": f"/v1/events/{event.cid}"})
+    return json_response(answer, status=201, headers={"Location": f"/v1/events/{event.cid}"})
 
 
 @routes.get("/v1/events/{cid}")
@@ -166,4 +166,4 @@ async def get_event(request: web.Request) -> web.Response:
         event = await node.get_event(path_cid(request))
     except EventNotFound as exc:
         raise Problem(404, "event-not-found", str(exc)) from None
-    return web.json_response(await event_view(node, event))
+    return json_response(await event_view(node, event))
