@@ -374,14 +374,15 @@ class Node:
         before``, oldest first (newest first with ``descending``). The sequence number is
         the cursor the REST API, stream resume and Spark offsets hand out."""
         self._flush()
-        rows = self.store.log_range(
+        rows = self.store.log_blocks(
             topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
         )
         entries = []
-        for seq, cid, delivered_at in rows:
-            block = self._local_block(cid)
+        for seq, cid, delivered_at, block in rows:
             if block is None:  # pruned by the operator: the position stays, the event went
                 continue
+            # Verified (signatures, rights) when it was delivered; parsed again for its
+            # fields, which re-checks its CID and encoding but not the signatures.
             event = EventDescriptor.from_block(block, cid, verify_signature=False)
             entries.append(LogEntry(seq, event, delivered_at))
         return entries

@@ -399,6 +399,21 @@ def test_log_range_paging(db: Path) -> None:
             store.log_range(t, limit=-1)
 
 
+def test_log_blocks_reads_entries_with_their_blocks_in_one_page(db: Path) -> None:
+    t = topic(1)
+    stored = [block(i) for i in range(6)]
+    with BlockStore(db) as store:
+        store.put_many(stored[:5])  # the last one's block is missing
+        store.log_append(t, [cid for cid, _ in stored], now=3.0)
+        rows = store.log_blocks(t, 1, limit=10)
+        assert [(s, c, b) for s, c, _, b in rows] == [
+            (i + 1, cid, data if i < 5 else None) for i, (cid, data) in enumerate(stored)
+        ][1:]
+        back = store.log_blocks(t, limit=2, descending=True, before_seq=5)
+        assert [(s, b) for s, _, _, b in back] == [(4, stored[3][1]), (3, stored[2][1])]
+        assert [r[:3] for r in store.log_blocks(t)] == store.log_range(t)
+
+
 def test_log_seq_at_time(db: Path) -> None:
     t = topic(1)
     e = [block(i)[0] for i in range(5)]
