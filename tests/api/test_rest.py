@@ -7,9 +7,11 @@ import io
 import json
 import os
 import stat
+import time
 
 import aiohttp
 
+from dag import CID, EventDescriptor
 from tests.waiting import eventually
 
 from .conftest import Api
@@ -217,3 +219,32 @@ async def test_node_views_health_metrics_and_openapi(apis: list[Api]) -> None:
     assert status == 200 and "pulsarcast_published_total 1" in str(text)
     _, doc = await api.call("GET", "/v1/openapi.json")
     assert doc["openapi"].startswith("3.1") and "/v1/topics/{cid}/stream" in doc["paths"]
+
+
+async def test_ndjson_history_of_ten_thousand_events(apis: list[Api]) -> None:
+    """A long history streams completely, in order, as one NDJSON response. The log is
+    filled directly (10,000 real signed events in the node's store and delivery log) so
+    the test times the HTTP side, not 10,000 publications."""
+    api = apis[0]
+    _, topic = await api.call("POST", "/v1/topics", json={"name": "long"})
+    cid = CID.parse(topic["cid"])
+    parent = None
+    events = []
+    for i in range(10_000):
+        event = EventDescriptor.create(api.node.identity, cid, b"%d" % i, parent=parent)
+        events.append(event)
+        parent = event.cid
+    api.node.store.put_many([(e.cid, e.block) for e in events])
+    api.node.store.log_append(cid, [e.cid for e in events], time.time())
+    lines = []
+    async with api.http.get(f"{api.url}/v1/topics/{cid}/events?format=ndjson") as r:
+        assert r.status == 200
+        async for line in r.content:
+            lines.append(json.loads(line))
+    assert [line["cid"] for line in lines] == [str(e.cid) for e in events]
+    assert [line["seq"] for line in lines] == list(range(1, 10_001))
+    assert base64.b64decode(lines[-1]["payload"]) == b"9999"
+    async with api.http.get(f"{api.url}/v1/topics/{cid}/events?format=ndjson&cursor=9990"
+                            "&limit=5") as r:
+        tail = [json.loads(line)["seq"] async for line in r.content]
+    assert tail == [9991, 9992, 9993, 9994, 9995]
