@@ -140,6 +140,286 @@ def _add_node(sub: Any) -> None:
     node.set_defaults(handler=_node)
 
 
+# ------------------------------------------------------------------ REST API client commands
+# These talk to a running node through its REST API (api.client), so they work against
+# ``make run`` (node 0 listens on 127.0.0.1:8701) or any ``pulsarcast node``.
+
+API_URL = "http://127.0.0.1:8701"
+
+
+def _api_options(output: bool = True) -> argparse.ArgumentParser:
+    """--url and --token (defaults from the env), and --json unless the command uses that
+    name for something else (publish's payload)."""
+    import os
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("PULSARCAST_URL", API_URL),
+                        help="the node's REST API (default $PULSARCAST_URL or "
+                        f"{API_URL}, make run's node 0)")
+    common.add_argument("--token", default=os.environ.get("PULSARCAST_TOKEN"),
+                        help="API token for calls that change state (default "
+                        "$PULSARCAST_TOKEN)")
+    if output:
+        common.add_argument("--json", action="store_true",
+                            help="machine-readable output: one JSON object per line")
+    return common
+
+
+def _api_command(run: Any) -> Any:
+    """Wrap ``async run(client, args) -> int`` as a handler: problems and unreachable nodes
+    become one line on stderr and exit status 1, never a traceback."""
+
+    def handler(args: argparse.Namespace) -> int:
+        import aiohttp
+
+        from api.client import ApiError, PulsarcastClient
+
+        async def go() -> int:
+            async with PulsarcastClient(args.url, args.token) as client:
+                result: int = await run(client, args)
+                return result
+
+        try:
+            return asyncio.run(go())
+        except ApiError as exc:
+            hint = " (pass --token or set PULSARCAST_TOKEN)" if exc.status == 401 else ""
+            print(f"pulsarcast: {exc.kind} ({exc.status}): {exc.detail}{hint}",
+                  file=sys.stderr)
+        except aiohttp.ClientConnectorError as exc:
+            reason = exc.os_error.strerror or str(exc.os_error)
+            print(f"pulsarcast: cannot reach the node at {args.url}: {reason}",
+                  file=sys.stderr)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            print(f"pulsarcast: request to {args.url} failed: {exc or type(exc).__name__}",
+                  file=sys.stderr)
+        except BrokenPipeError:  # `pulsarcast replay ... | head`: the reader left; fine
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        return 1
+
+    return handler
+
+
+def _emit(args: argparse.Namespace, value: Any, human: str) -> None:
+    print(json.dumps(value) if getattr(args, "json", False) else human, flush=True)
+
+
+def _topic_text(topic: dict[str, Any]) -> str:
+    def rule(r: dict[str, Any], off: str) -> str:
+        if not r["enabled"]:
+            return off
+        return ", ".join(r["peers"]) or "on"
+
+    subtopics = ", ".join(f"{k}={v}" for k, v in topic["subtopics"].items()) or "-"
+    rows = [
+        ("cid", topic["cid"]),
+        ("name", topic["name"]),
+        ("author", topic["author"]),
+        ("parent", topic["parent"] or "-"),
+        ("created", topic["created"]),
+        ("publishers", rule(topic["allowed_publishers"], "anyone")),
+        ("request-to-publish", rule(topic["request_to_publish"], "off")),
+        ("linking", topic["event_linking"]),
+        ("subtopics", subtopics),
+    ]
+    return "\n".join(f"{k + ':':<20}{v}" for k, v in rows)
+
+
+def _payload_text(event: dict[str, Any]) -> str:
+    """Printable payloads as they are, other text JSON-quoted, binary as base64."""
+    from api.client import payload_of
+
+    try:
+        text = payload_of(event).decode()
+    except UnicodeDecodeError:
+        return f"base64:{event['payload']}"
+    return text if text.isprintable() else json.dumps(text, ensure_ascii=False)
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    seq = f"#{event['seq']} " if "seq" in event else ""
+    return f"{seq}{event['cid']} {_payload_text(event)}"
+
+
+async def _topic_create(client: Any, args: argparse.Namespace) -> int:
+    topic = await client.create_topic(
+        args.name, allowed_publishers=args.allowed_publisher or None,
+        request_to_publish=True if args.request_to_publish else None,
+        event_linking="CUSTOM" if args.custom_linking else None)
+    _emit(args, topic, _topic_text(topic))
+    return 0
+
+
+async def _topic_show(client: Any, args: argparse.Namespace) -> int:
+    topic = await client.get_topic(args.cid)
+    _emit(args, topic, _topic_text(topic))
+    return 0
+
+
+async def _topic_update(client: Any, args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    if args.name is not None:
+        changes["name"] = args.name
+    if args.allowed_publisher:
+        changes["allowed_publishers"] = args.allowed_publisher
+    if args.anyone:
+        changes["allowed_publishers"] = None
+    if not changes:
+        print("pulsarcast: nothing to change (give --name, --allowed-publisher or --anyone)",
+              file=sys.stderr)
+        return 2
+    topic = await client.update_topic(args.cid, **changes)
+    _emit(args, topic, _topic_text(topic))
+    return 0
+
+
+async def _publish(client: Any, args: argparse.Namespace) -> int:
+    payload: Any
+    if args.text is not None:
+        payload = args.text
+    elif args.json_payload is not None:
+        try:
+            value = json.loads(args.json_payload)
+        except ValueError as exc:
+            print(f"pulsarcast: --json is not JSON: {exc}", file=sys.stderr)
+            return 2
+        # Compact bytes, exactly as the node encodes a JSON payload; as bytes, a JSON
+        # string stays a JSON value ('"hi"') instead of becoming bare text.
+        payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    else:
+        try:
+            if args.file == "-":
+                payload = sys.stdin.buffer.read()
+            else:
+                with open(args.file, "rb") as source:
+                    payload = source.read()
+        except OSError as exc:
+            print(f"pulsarcast: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+            return 2
+    event = await client.publish(args.cid, payload, parent=args.parent)
+    if args.quiet:
+        print(event["cid"], flush=True)
+    else:
+        print(f"published {event['cid']} ({event['payload_size']} bytes)", flush=True)
+    return 0
+
+
+async def _subscribe(client: Any, args: argparse.Namespace) -> int:
+    sub = await client.subscribe(args.cid)
+    if not args.json:
+        print(f"subscribed to {sub['topic']} (log position {sub['position']}); events "
+              "print as '#SEQ CID PAYLOAD', resume with --from SEQ", file=sys.stderr,
+              flush=True)
+    if args.no_follow:
+        # What the log holds now, then exit: the history endpoint, which ends by itself.
+        start: str = args.start
+        if start == "latest":
+            return 0
+        cursor = None if start == "earliest" else start
+        since = None
+        if cursor is not None and ("-" in cursor or "." in cursor):
+            cursor, since = None, start
+        events = client.history(sub["topic"], cursor=cursor, since=since)
+    else:
+        events = client.live(sub["topic"], from_=args.start)
+    async for event in events:
+        _emit(args, event, _event_line(event))
+    return 0
+
+
+async def _replay(client: Any, args: argparse.Namespace) -> int:
+    count = 0
+    tty = sys.stderr.isatty()
+    async for event in client.history_ndjson(args.cid, since=args.since, until=args.until,
+                                             limit=args.limit):
+        sys.stdout.write(json.dumps(event) + "\n")
+        count += 1
+        if count % 1000 == 0:
+            sys.stdout.flush()
+            print(f"\rreplayed {count} events" if tty else f"replayed {count} events",
+                  end="" if tty else "\n", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if count >= 1000 or tty:
+        print(f"{chr(13) if tty else ''}replayed {count} events", file=sys.stderr)
+    return 0
+
+
+async def _peers(client: Any, args: argparse.Namespace) -> int:
+    contacts = await client.routing(args.k)
+    if args.json:
+        for contact in contacts:
+            print(json.dumps(contact))
+    elif not contacts:
+        print("no known peers", file=sys.stderr)
+    for contact in [] if args.json else contacts:
+        print(f"{contact['peer_id'] or '?':<56} {contact['host']}:{contact['port']:<6} "
+              f"kad {contact['kademlia_id'][:16]}")
+    return 0
+
+
+def _add_api_commands(sub: Any) -> None:
+    common = _api_options()
+    topic = sub.add_parser("topic", help="create, show or update a topic (REST API)")
+    topics = topic.add_subparsers(dest="topic_command", required=True)
+    create = topics.add_parser("create", parents=[common], help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--allowed-publisher", action="append", metavar="PEER",
+                        help="only these peers may publish (repeatable; default anyone)")
+    create.add_argument("--request-to-publish", action="store_true",
+                        help="others may ask the author's node to publish for them")
+    create.add_argument("--custom-linking", action="store_true",
+                        help="publishers choose each event's parent (--parent)")
+    create.set_defaults(handler=_api_command(_topic_create))
+    show = topics.add_parser("show", parents=[common], help="show a topic")
+    show.add_argument("cid")
+    show.set_defaults(handler=_api_command(_topic_show))
+    update = topics.add_parser("update", parents=[common],
+                               help="publish a new version of a topic (author's node only)")
+    update.add_argument("cid")
+    update.add_argument("--name", default=None, help="new name")
+    update.add_argument("--allowed-publisher", action="append", metavar="PEER",
+                        help="replace who may publish (repeatable)")
+    update.add_argument("--anyone", action="store_true", help="let anyone publish again")
+    update.set_defaults(handler=_api_command(_topic_update))
+
+    publish = sub.add_parser("publish", parents=[_api_options(output=False)],
+                             help="publish an event (REST API)")
+    publish.add_argument("cid", help="topic CID")
+    payload = publish.add_mutually_exclusive_group(required=True)
+    payload.add_argument("--text", help="a UTF-8 text payload")
+    payload.add_argument("--json", dest="json_payload", metavar="JSON",
+                         help="a JSON value, stored compact")
+    payload.add_argument("--file", help="a file's bytes ('-' for stdin)")
+    publish.add_argument("--parent", default=None, help="parent event CID (custom linking)")
+    publish.add_argument("-q", "--quiet", action="store_true",
+                         help="print only the new event's CID (for scripts)")
+    publish.set_defaults(handler=_api_command(_publish))
+
+    subscribe = sub.add_parser("subscribe", parents=[common],
+                               help="subscribe the node and print events as they arrive")
+    subscribe.add_argument("cid", help="topic CID")
+    subscribe.add_argument("--from", dest="start", default="latest",
+                           help="earliest, latest (default), or a seq to print events after "
+                           "(resume), an event CID or a time")
+    subscribe.add_argument("--no-follow", action="store_true",
+                           help="print what the node holds now and exit")
+    subscribe.set_defaults(handler=_api_command(_subscribe))
+
+    replay = sub.add_parser("replay", parents=[common],
+                            help="a topic's delivered events as NDJSON on stdout")
+    replay.add_argument("cid", help="topic CID")
+    replay.add_argument("--since", default=None, help="seconds since the epoch or RFC 3339")
+    replay.add_argument("--until", default=None, help="seconds since the epoch or RFC 3339")
+    replay.add_argument("--limit", type=int, default=None, help="at most this many events")
+    replay.set_defaults(handler=_api_command(_replay))
+
+    peers = sub.add_parser("peers", parents=[common], help="the node's routing contacts")
+    peers.add_argument("-k", type=int, default=20, help="how many (default 20)")
+    peers.set_defaults(handler=_api_command(_peers))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pulsarcast",
@@ -149,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_devnet(sub)
     _add_node(sub)
+    _add_api_commands(sub)
     return parser
 
 

@@ -1,0 +1,122 @@
+"""The REST client subcommands of ``pulsarcast`` against real nodes on loopback.
+
+``main`` runs in a worker thread (it calls ``asyncio.run`` itself, and the test's loop must
+keep serving the nodes meanwhile); capsys captures what it prints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from pulsar.cli import main
+from tests.waiting import eventually
+
+from .conftest import Api
+
+
+async def run(api: Api, capsys: pytest.CaptureFixture[str], *argv: str,
+              token: str | None = None) -> tuple[int, str, str]:
+    args = [*argv, "--url", api.url, "--token", token or api.server.token]
+    code = await asyncio.to_thread(main, args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_topic_publish_and_replay(apis: list[Api], capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    api = apis[0]
+    code, out, _ = await run(api, capsys, "topic", "create", "news", "--json")
+    assert code == 0
+    topic = json.loads(out)
+    cid = topic["cid"]
+    code, out, _ = await run(api, capsys, "topic", "show", cid)
+    assert code == 0 and cid in out and "news" in out and "anyone" in out
+
+    code, out, _ = await run(api, capsys, "publish", cid, "--text", "hello")
+    assert code == 0 and out.startswith("published ") and "(5 bytes)" in out
+    code, out, _ = await run(api, capsys, "publish", cid, "--json", '{"n": 1}', "-q")
+    assert code == 0 and out.strip().startswith("b")
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\xff\x00")
+    code, _, _ = await run(api, capsys, "publish", cid, "--file", str(blob))
+    assert code == 0
+
+    code, out, _ = await run(api, capsys, "replay", cid)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [e["seq"] for e in events] == [1, 2, 3]
+    assert [e["payload_size"] for e in events] == [5, 7, 2]
+    code, out, _ = await run(api, capsys, "replay", cid, "--limit", "1", "--since", "0")
+    assert code == 0 and len(out.splitlines()) == 1
+
+    code, out, _ = await run(api, capsys, "topic", "update", cid, "--name", "news-2")
+    assert code == 0 and "news-2" in out and f"parent:             {cid}" in out
+    code, out, _ = await run(api, capsys, "peers")
+    assert code == 0 and len(out.splitlines()) == 2
+    code, out, _ = await run(api, capsys, "peers", "--json")
+    assert {json.loads(line)["port"] for line in out.splitlines()} == {
+        a.node.address[1] for a in apis[1:]}
+
+
+async def test_subscribe_no_follow_then_follow_until_unsubscribed(
+        apis: list[Api], capsys: pytest.CaptureFixture[str]) -> None:
+    author, reader, _ = apis
+    cid = (await author.call("POST", "/v1/topics", json={"name": "tail"}))[1]["cid"]  # type: ignore[index]
+    code, out, err = await run(reader, capsys, "subscribe", cid, "--no-follow")
+    assert code == 0 and out == "" and "subscribed to" in err
+    for text in ("one", "two"):
+        await author.call("POST", f"/v1/topics/{cid}/events", json={"text": text})
+
+    async def reader_has_both() -> bool:
+        return reader.node.last_position(reader.node.subscribed()[0]) == 2
+
+    await eventually(reader_has_both, timeout=10)
+    code, out, _ = await run(reader, capsys, "subscribe", cid, "--no-follow", "--from",
+                             "earliest")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2
+    assert lines[0].startswith("#1 ") and lines[0].endswith(" one") and lines[1].endswith(" two")
+    code, out, _ = await run(reader, capsys, "subscribe", cid, "--no-follow", "--from", "1",
+                             "--json")
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [2]
+
+    # Following: prints as events arrive, returns once the node unsubscribes.
+    argv = ["subscribe", cid, "--from", "1", "--url", reader.url, "--token",
+            reader.server.token]
+    follow = asyncio.ensure_future(asyncio.to_thread(main, argv))
+    printed: list[str] = []
+
+    def shown(count: int) -> bool:
+        printed.extend(capsys.readouterr().out.splitlines())
+        return len(printed) >= count
+
+    await eventually(lambda: shown(1), timeout=10)
+    await author.call("POST", f"/v1/topics/{cid}/events", json={"text": "three"})
+    await eventually(lambda: shown(2), timeout=10)
+    await reader.call("DELETE", f"/v1/subscriptions/{cid}")
+    assert await asyncio.wait_for(follow, 10) == 0
+    shown(0)
+    assert [line.split()[0] for line in printed] == ["#2", "#3"]
+    assert printed[1].endswith(" three")
+
+
+async def test_errors_are_one_line_and_nonzero(apis: list[Api],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    api = apis[0]
+    code, out, err = await run(api, capsys, "topic", "create", "x", token="not-the-token-at-all")
+    assert code == 1 and out == ""
+    assert "unauthorized (401)" in err and "--token" in err and "Traceback" not in err
+    code, _, err = await run(api, capsys, "topic", "show", "not-a-cid")
+    assert code == 1 and "invalid-cid (400)" in err
+    code, _, err = await run(api, capsys, "publish", "x", "--json", "{nope")
+    assert code == 2 and "not JSON" in err
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = await asyncio.to_thread(main, ["peers", "--url", f"http://127.0.0.1:{port}"])
+    _, err = capsys.readouterr()
+    assert code == 1 and "cannot reach the node" in err and "Traceback" not in err
