@@ -20,7 +20,7 @@ import asyncio
 import base64
 import json
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Generator, Mapping
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -295,7 +295,7 @@ class PulsarcastClient:
     async def history(self, topic: str, *, cursor: str | int | None = None,
                       since: str | float | None = None, until: str | float | None = None,
                       direction: str = "forward", page_size: int = 1000
-                      ) -> AsyncIterator[Json]:
+                      ) -> AsyncGenerator[Json, None]:
         """Every matching event, page after page, following ``next_cursor`` until the last
         page; memory stays at one page whatever the length of the history."""
         while True:
@@ -311,7 +311,7 @@ class PulsarcastClient:
                              since: str | float | None = None,
                              until: str | float | None = None, limit: int | None = None,
                              direction: str = "forward", idle_timeout: float | None = 60.0
-                             ) -> AsyncIterator[Json]:
+                             ) -> AsyncGenerator[Json, None]:
         """The same events as :meth:`history`, in one NDJSON response (one request, no
         page limit), parsed line by line as they arrive."""
         params = _params(cursor=cursor, since=since, until=until, limit=limit,
@@ -333,7 +333,7 @@ class PulsarcastClient:
     async def live(self, topic: str, from_: str | int = "latest",
                    last_event_id: str | int | None = None, *, max_retries: int = 5,
                    backoff: float = 0.1, max_backoff: float = 5.0,
-                   idle_timeout: float | None = 60.0) -> AsyncIterator[Json]:
+                   idle_timeout: float | None = 60.0) -> AsyncGenerator[Json, None]:
         """Events of a subscribed topic as the node delivers them, for as long as the node
         stays subscribed (the stream's ``end`` event stops the iterator).
 
@@ -466,7 +466,7 @@ class Client:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
         return future.result()
 
-    def _iterate(self, iterator: AsyncIterator[T]) -> Iterator[T]:
+    def _iterate(self, iterator: AsyncIterator[T]) -> Generator[T, None, None]:
         try:
             while True:
                 try:
@@ -510,13 +510,14 @@ class Client:
     def history_page(self, topic: str, **query: Any) -> Json:
         return self._run(self.api.history_page(topic, **query))
 
-    def history(self, topic: str, **query: Any) -> Iterator[Json]:
+    def history(self, topic: str, **query: Any) -> Generator[Json, None, None]:
         return self._iterate(self.api.history(topic, **query))
 
-    def history_ndjson(self, topic: str, **query: Any) -> Iterator[Json]:
+    def history_ndjson(self, topic: str, **query: Any) -> Generator[Json, None, None]:
         return self._iterate(self.api.history_ndjson(topic, **query))
 
-    def live(self, topic: str, from_: str | int = "latest", **options: Any) -> Iterator[Json]:
+    def live(self, topic: str, from_: str | int = "latest",
+             **options: Any) -> Generator[Json, None, None]:
         return self._iterate(self.api.live(topic, from_, **options))
 
     def node(self) -> Json:

@@ -9,6 +9,7 @@ import re
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 
 from api.client import ApiError, Client, PulsarcastClient, payload_of
@@ -188,6 +189,24 @@ async def test_live_resumes_after_cut_connection_without_gap_or_duplicate(
             # The stream ends when the node unsubscribes.
             await direct.unsubscribe(cid)
             assert [e async for e in stream] == []
+    finally:
+        await proxy.close()
+
+
+async def test_live_gives_up_after_bounded_retries(apis: list[Api]) -> None:
+    author = apis[0]
+    proxy = CuttableProxy(author.url)
+    proxied = await proxy.start()
+    try:
+        async with client_for(author) as direct, client_for(author, base_url=proxied) as api:
+            cid = (await direct.create_topic("gone"))["cid"]
+            await direct.publish(cid, "x")
+            stream = api.live(cid, from_="earliest", max_retries=2, backoff=0.01)
+            assert (await anext(stream))["seq"] == 1
+            await proxy.close()  # the node is now unreachable through this address
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await anext(stream)
+            assert proxy.connections == 1
     finally:
         await proxy.close()
 
