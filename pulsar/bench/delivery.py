@@ -13,7 +13,9 @@ phases, each on a network of its own:
      seconds after the last publish returned);
    * ``time_to_full_delivery_s`` — from the last ``publish()`` returning until every live
      subscriber has every event (``null`` if that did not happen within the timeout);
-   * ``duplicate_deliveries`` — events a subscription yielded twice (must be 0).
+   * ``duplicate_deliveries`` — events a subscription yielded twice (must be 0);
+   * ``unsettled_edges`` — tree edges (a subscriber without a parent, or a parent not
+     listing it) still missing when publishing began, after up to ``tree_timeout`` s.
 
    This phase uses short timers, as the loss+crash test does (listed under ``timers`` in
    the output): DHT RPC timeout 1 s, transport keepalive 0.3 s / dead after 1 s, parent
@@ -31,8 +33,9 @@ phases, each on a network of its own:
    ``backfill_events_per_s``: ``history`` divided by the time from the restart call
    (``Node.start``, included: ``backfill_node_start_s``) until its subscription has yielded
    all ``history`` events (WANT/BLOCKS from its neighbours, every block verified: CID,
-   signature, rights). The short DHT timeout only keeps the author's DHT stores from
-   waiting out the stopped subscriber while the backlog is published.
+   signature, rights); ``backfill_first_event_s`` is when the first of them arrived. The
+   short DHT timeout only keeps the author's DHT stores from waiting out the stopped
+   subscriber while the backlog is published.
 
 4. **Replay.** ``replay_local_events_per_s``: ``node.history(topic)`` over the restarted
    subscriber's delivery log (``history`` + 1 events), against ``raw_sqlite_events_per_s``,
@@ -110,8 +113,13 @@ async def bench_delivery(
     crash_fraction: float = 0.30,
     settle_timeout: float = 60.0,
     backfill_timeout: float = 120.0,
+    tree_timeout: float = 20.0,
 ) -> dict[str, Any]:
-    """Run the four phases (see the module docstring) and return their figures."""
+    """Run the four phases (see the module docstring) and return their figures.
+
+    ``tree_timeout``: how long each phase waits for its tree to settle (every subscriber
+    with a parent that lists it) before publishing anyway; ``unsettled_edges`` in the
+    output says how many edges were still missing in the loss+crash phase."""
     if nodes < 4:
         raise ValueError("the delivery benchmark needs at least 4 nodes")
     if events < 3 or history < 1:
@@ -122,11 +130,18 @@ async def bench_delivery(
         _say(f"phase 1/4: {nodes} nodes, {drop_rate:.0%} loss, {crash_fraction:.0%} crashed")
         figures.update(
             await _lossy(
-                root / "lossy", nodes, events, seed, drop_rate, crash_fraction, settle_timeout
+                root / "lossy",
+                nodes,
+                events,
+                seed,
+                drop_rate,
+                crash_fraction,
+                settle_timeout,
+                tree_timeout,
             )
         )
         _say(f"phase 2/4: redundancy, {nodes} nodes, no faults")
-        figures.update(await _redundancy(root / "rmr", nodes, events))
+        figures.update(await _redundancy(root / "rmr", nodes, events, tree_timeout))
         _say(f"phase 3/4: backfill of {history} events")
         figures.update(await _backfill_and_replay(root / "backfill", history, backfill_timeout))
     figures["seed"] = seed
@@ -187,9 +202,10 @@ async def _stop_all(nodes: list[Node]) -> None:
     await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
 
 
-async def _settle(nodes: list[Node], topic: CID, timeout: float = 20.0) -> None:
+async def _settle(nodes: list[Node], topic: CID, timeout: float = 20.0) -> int:
     """Wait until every subscriber has a parent that lists it as a child (proceed with a
-    warning after ``timeout``: repair then covers the rest)."""
+    warning after ``timeout``: repair then covers the rest). Returns how many tree edges
+    were still missing (0 when the tree settled)."""
     deadline = time.monotonic() + timeout
     by_peer = {n.peer_id: n for n in nodes}
     while True:
@@ -204,10 +220,10 @@ async def _settle(nodes: list[Node], topic: CID, timeout: float = 20.0) -> None:
                 if pview is None or node.peer_id not in pview.children:
                     missing += 1
         if missing == 0:
-            return
+            return 0
         if time.monotonic() > deadline:
             _say(f"  warning: tree not settled ({missing} edges missing); publishing anyway")
-            return
+            return missing
         await asyncio.sleep(0.05)
 
 
@@ -263,6 +279,7 @@ async def _lossy(
     drop_rate: float,
     crash_fraction: float,
     settle_timeout: float,
+    tree_timeout: float,
 ) -> dict[str, Any]:
     injectors: list[FaultInjector] = []
 
@@ -285,7 +302,7 @@ async def _lossy(
         topic = await author.create_topic("lossy")
         for i, node in enumerate(nodes[1:], start=1):
             collectors[i] = _Collector(await node.subscribe(topic.cid))
-        await _settle(nodes, topic.cid)
+        unsettled = await _settle(nodes, topic.cid, tree_timeout)
         rng = random.Random(seed)
         doomed = sorted(rng.sample(range(1, count), round(crash_fraction * count)))
         crash_at = events // 3
@@ -326,6 +343,7 @@ async def _lossy(
         return {
             "live_subscribers": len(live),
             "crashed": len(doomed),
+            "unsettled_edges": unsettled,
             "eventual_delivery_ratio": round(got / total, 6),
             "time_to_full_delivery_s": (
                 None if full_at is None else round(full_at - last_publish, 3)
@@ -344,7 +362,7 @@ async def _lossy(
 # ---------------------------------------------------------------------- phase 2
 
 
-async def _redundancy(root: Path, count: int, events: int) -> dict[str, Any]:
+async def _redundancy(root: Path, count: int, events: int, tree_timeout: float) -> dict[str, Any]:
     def config(index: int, seeds: tuple[tuple[str, int], ...]) -> NodeConfig:
         return NodeConfig(data_dir=root / f"n{index}", bootstrap=seeds)
 
@@ -355,7 +373,7 @@ async def _redundancy(root: Path, count: int, events: int) -> dict[str, Any]:
         topic = await author.create_topic("steady")
         for node in nodes[1:]:
             collectors.append(_Collector(await node.subscribe(topic.cid)))
-        await _settle(nodes, topic.cid)
+        unsettled = await _settle(nodes, topic.cid, tree_timeout)
         subscribers = nodes[1:]
         before = [copies_received(n) for n in subscribers]
         published = await _publish(author, topic.cid, events, WINDOW)
@@ -370,7 +388,11 @@ async def _redundancy(root: Path, count: int, events: int) -> dict[str, Any]:
         after = [copies_received(n) for n in subscribers]
         tree = sum(a["tree"] - b["tree"] for a, b in zip(after, before, strict=True))
         repair = sum(a["repair"] - b["repair"] for a, b in zip(after, before, strict=True))
-        return {"rmr": round((tree + repair) / total - 1, 4), "rmr_repaired": repair}
+        return {
+            "rmr": round((tree + repair) / total - 1, 4),
+            "rmr_repaired": repair,
+            "rmr_unsettled_edges": unsettled,
+        }
     finally:
         for collector in collectors:
             await collector.close()
@@ -380,14 +402,19 @@ async def _redundancy(root: Path, count: int, events: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- phases 3 and 4
 
 
-async def _take(sub: Subscription, count: int, timeout: float) -> int:
+async def _take(
+    sub: Subscription, count: int, timeout: float, first: list[float] | None = None
+) -> int:
     """Read ``count`` distinct events from ``sub`` (within ``timeout``); return how many
-    distinct events were read (``count`` unless it timed out)."""
+    distinct events were read (``count`` unless it timed out). ``first``, if given, gets
+    the monotonic time the first event arrived."""
     seen: set[CID] = set()
     try:
         async with asyncio.timeout(timeout):
             while len(seen) < count:
                 seen.add((await sub.get()).cid)
+                if first is not None and not first:
+                    first.append(time.monotonic())
     except TimeoutError:
         pass
     return len(seen)
@@ -468,7 +495,8 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
         nodes[2] = reader
         started_s = time.monotonic() - start
         reader_sub = await reader.subscribe(topic.cid)
-        got = await _take(reader_sub, history, timeout)
+        first: list[float] = []
+        got = await _take(reader_sub, history, timeout, first)
         backfill_s = time.monotonic() - start
         if got != history:
             raise RuntimeError(f"backfill phase: {got}/{history} events after {timeout} s")
@@ -478,6 +506,7 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
             "history_publish_events_per_s": round(history / publish_s),
             "backfill_s": round(backfill_s, 3),
             "backfill_node_start_s": round(started_s, 3),
+            "backfill_first_event_s": round(first[0] - start, 3),
             "backfill_events_per_s": round(history / backfill_s),
             "backfilled_from_peers": reader.metrics.get("backfilled", 0),
         }
@@ -507,7 +536,8 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
         extra.append(fresh)
         start = time.monotonic()
         cold_sub = await fresh.subscribe(topic.cid, replay=True)
-        got = await _take(cold_sub, history + 1, timeout)
+        first = []
+        got = await _take(cold_sub, history + 1, timeout, first)
         cold_s = time.monotonic() - start
         if got != history + 1:
             raise RuntimeError(f"cold replay: {got}/{history + 1} events after {timeout} s")
@@ -515,6 +545,7 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
         figures.update(
             {
                 "replay_dht_cold_s": round(cold_s, 3),
+                "replay_dht_cold_first_event_s": round(first[0] - start, 3),
                 "replay_dht_cold_events_per_s": round(got / cold_s),
             }
         )
