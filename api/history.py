@@ -167,9 +167,22 @@ async def stream(request: web.Request) -> web.StreamResponse:
         "X-Accel-Buffering": "no",
     })
     await response.prepare(request)
+    try:
+        await _stream_log(response, node, topic.cid, position, heartbeat)
+    except ConnectionResetError:  # the client went away: nothing to finish
+        return response
+    await response.write_eof()
+    return response
+
+
+async def _stream_log(response: web.StreamResponse, node: Node, topic: CID, position: int,
+                      heartbeat: float) -> None:
+    """Send the log after ``position`` as SSE messages, then wait for it to grow; end on
+    unsubscribe or node stop. A disconnected client is noticed at the next write (at the
+    latest one heartbeat later)."""
     await response.write(b"retry: 1000\n\n")
     while not node.stopped:
-        entries = node.log_entries(topic.cid, after=position, limit=500)
+        entries = node.log_entries(topic, after=position, limit=500)
         if entries:
             chunks = []
             for entry in entries:
@@ -178,13 +191,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
                 position = entry.seq
             await response.write("".join(chunks).encode())
             continue
-        if topic.cid not in node.subscribed():
+        if topic not in node.subscribed():
             await response.write(b"event: end\ndata: {\"reason\": \"unsubscribed\"}\n\n")
             break
-        if not await node.wait_for_log(topic.cid, position, heartbeat) and not node.stopped:
+        if not await node.wait_for_log(topic, position, heartbeat) and not node.stopped:
             await response.write(b": heartbeat\n\n")
     else:
         await response.write(b"event: end\ndata: {\"reason\": \"node stopping\"}\n\n")
-    await response.write_eof()
-    return response
+
 

@@ -79,6 +79,22 @@ def parse_payload(body: dict[str, Any], limit: int) -> bytes:
     return data
 
 
+_TEXT_CACHE: dict[CID | PeerId, str] = {}
+_TEXT_CACHE_SIZE = 4096
+
+
+def _text(value: CID | PeerId) -> str:
+    """The text form of a CID or peer id. base32/base58 encoding was most of the cost of
+    an event's JSON (profiled); in a history every event repeats the topic, author and
+    publisher and names the previous event as parent, so a small cache answers most."""
+    text = _TEXT_CACHE.get(value)
+    if text is None:
+        if len(_TEXT_CACHE) >= _TEXT_CACHE_SIZE:
+            _TEXT_CACHE.clear()  # cheap, never stale: the values are immutable
+        text = _TEXT_CACHE[value] = str(value)
+    return text
+
+
 def _rule(rule: Any) -> dict[str, Any]:
     return {"enabled": rule.enabled, "peers": [str(p) for p in rule.peers]}
 
@@ -107,11 +123,11 @@ def event_json(
 ) -> dict[str, Any]:
     """``payload`` is the event's bytes (reassembled if they live in a chunk tree)."""
     body: dict[str, Any] = {
-        "cid": str(event.cid),
-        "topic": str(event.topic),
-        "author": str(event.author),
-        "publisher": str(event.publisher),
-        "parent": None if event.parent is None else str(event.parent),
+        "cid": _text(event.cid),
+        "topic": _text(event.topic),
+        "author": _text(event.author),
+        "publisher": _text(event.publisher),
+        "parent": None if event.parent is None else _text(event.parent),
         "created": event.created,
         "payload": base64.b64encode(payload).decode(),
         "payload_size": len(payload),
