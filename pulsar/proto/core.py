@@ -49,7 +49,7 @@ from .backfill import Backfill, BackfillConfig, BackfillTimer
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
-from .repair_messages import MAX_HEADS, Blocks, Heads, Want
+from .repair_messages import MAX_HEADS, Blocks, Heads, Joined, Want
 
 __all__ = ["CoreConfig", "PulsarCore", "RetryParent", "RootCheck", "Routing", "TreeView"]
 
@@ -226,6 +226,7 @@ class PulsarCore:
             Want: self.backfill.on_want,
             Blocks: self.backfill.on_blocks,
             Heads: self.backfill.on_heads,
+            Joined: self.backfill.on_heads,
         }
 
     # ------------------------------------------------------------------ public surface
@@ -446,8 +447,8 @@ class PulsarCore:
             return [ev.Rejected(msg.peer, f"unexpected message {type(msg.message).__name__}")]
         topic = getattr(msg.message, "topic", None)
         tree = self._trees.get(topic) if isinstance(topic, CID) else None
-        if tree is not None and msg.peer in tree.parents and type(msg.message) is not Join:
-            tree.confirmed.add(msg.peer)  # the parent knows us: our JOIN got through
+        if tree is not None and msg.peer in tree.parents and type(msg.message) is Joined:
+            tree.confirmed.add(msg.peer)  # the parent took us as a child
             tree.retries.pop(msg.peer, None)
         return handler(msg.peer, msg.message, now)
 
@@ -473,10 +474,10 @@ class PulsarCore:
         tree.children.add(peer)
         tree.retries.pop(peer, None)
         self.lazy.learn(msg.topic, [peer], now)
-        # The answer to a JOIN is our heads: it confirms the edge to the child and lets it
-        # backfill at once whatever it missed while it was not attached.
+        # The answer to a JOIN confirms the edge to the child and carries our heads, so it
+        # backfills at once whatever it missed while it was not attached.
         heads = tuple(self.backfill.heads(msg.topic)[:MAX_HEADS])
-        out.append(ev.Send(peer, Heads(msg.topic, heads)))
+        out.append(ev.Send(peer, Joined(msg.topic, heads)))
         if tree.in_tree():
             return out
         return out + self._join(tree, now)

@@ -176,6 +176,17 @@ class Heads:
         return cls(_cid(m["topic"], "heads.topic"), _links(m["heads"], "heads.heads", MAX_HEADS))
 
 
+@dataclass(frozen=True, slots=True)
+class Joined(Heads):
+    """The answer to a JOIN: the parent took the sender as a child. Shaped like HEADS (the
+    parent's heads, so the child backfills at once) but of its own kind, because it is the
+    only acknowledgement of the edge: a parent also sends HEADS (and IHAVE) to lazy links,
+    so those prove only that it knows the sender, not that it forwards to it."""
+
+    T: ClassVar[str] = "joined"
+
+
 register(Want, {"topic", "head", "limit", "have", "after"})
 register(Blocks, {"topic", "head", "blocks"})
 register(Heads, {"topic", "heads"})
+register(Joined, {"topic", "heads"})

@@ -14,7 +14,7 @@ from pulsar.proto.backfill import HeadsTick
 from pulsar.proto.core import CoreConfig, JoinTimeout, PulsarCore, RetryParent
 from pulsar.proto.messages import Event, Join, Leave, RequestToPublish
 from pulsar.proto.plumtree import ShuffleTimer
-from pulsar.proto.repair_messages import Heads
+from pulsar.proto.repair_messages import Heads, Joined
 from pulsar.sim import SimNetwork, SimNode
 
 
@@ -91,7 +91,7 @@ def test_join_received_by_a_member_stops_there() -> None:
     child = _ident(2).peer_id
     # Answered with our heads (none yet): the child knows its JOIN got through.
     out = core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
-    assert out == [ev.Send(child, Heads(topic.cid, ()))]
+    assert out == [ev.Send(child, Joined(topic.cid, ()))]
     assert core.tree(topic.cid).children == {child}  # type: ignore[union-attr]
 
 
@@ -370,7 +370,12 @@ def test_unanswered_join_counts_as_a_failed_attempt() -> None:
     parent = others[0].peer_id
     out = core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 2.0)
     assert out == [ev.SetTimer(0.25, RetryParent(topic.cid, parent))]
-    # An answer from the parent confirms the edge: the deadline passes quietly.
+    # HEADS (sent to lazy links too) does not prove the parent took us as a child ...
     core.handle(ev.TimerFired(RetryParent(topic.cid, parent)), 2.3)
     core.handle(ev.Received(parent, Heads(topic.cid, ())), 2.4)
-    assert core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 4.3) == []
+    out = core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 4.3)
+    assert out == [ev.SetTimer(0.5, RetryParent(topic.cid, parent))]  # backing off
+    # ... its answer to the JOIN does: the next deadline passes quietly.
+    core.handle(ev.TimerFired(RetryParent(topic.cid, parent)), 4.6)
+    core.handle(ev.Received(parent, Joined(topic.cid, ())), 4.7)
+    assert core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 6.6) == []
