@@ -128,6 +128,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self.on_new_contact: Callable[[Node], None] | None = None
         self._pending: dict[bytes, _Pending] = {}
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
+        self._batching: set[Address] = set()  # addresses that have answered a STORE_BATCH
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
@@ -223,6 +224,8 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             return
         del self._pending[response.msg_id]
         pending.timer.cancel()
+        if pending.name == "store_batch" and len(self._batching) < _MAX_SILENT:
+            self._batching.add((addr[0], addr[1]))
         if not pending.future.done():  # the caller may have given up (cancelled)
             pending.future.set_result((True, response.data))
 
@@ -231,13 +234,15 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if pending is None:
             return
         # A stock kademlia node ignores STORE_BATCH (it does not know it): its silence there
-        # says nothing about whether it is up.
-        if self.config.silent_for > 0 and pending.name != "store_batch":
+        # says nothing about whether it is up, unless it has answered one before.
+        address = (pending.address[0], pending.address[1])
+        if self.config.silent_for > 0 and (
+            pending.name != "store_batch" or address in self._batching
+        ):
             now = time.monotonic()
             if len(self._silent) >= _MAX_SILENT:
                 self._silent = {a: t for a, t in self._silent.items() if t > now}
             if len(self._silent) < _MAX_SILENT:
-                address = (pending.address[0], pending.address[1])
                 self._silent[address] = now + self.config.silent_for
         if not pending.future.done():
             pending.future.set_result((False, None))

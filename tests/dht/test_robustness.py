@@ -124,3 +124,21 @@ async def test_an_address_that_timed_out_is_not_waited_for_again(network: Networ
     assert await protocol.ping(dead_address, node.node_id) == (True, revived.node_id)
     assert (await protocol.find_node(dead_address, node.node_id, os.urandom(20)))[0]
     assert node.stats.rpcs_skipped == 1
+
+
+async def test_a_batching_peer_that_goes_silent_is_quarantined(network: Network) -> None:
+    """STORE_BATCH silence counts once the address has answered a STORE_BATCH: it is then
+    one of ours gone quiet, not a stock node that does not know the RPC."""
+    config = DhtConfig(rpc_timeout=0.5, get_timeout=5.0, maintenance_interval=3600)
+    node, dead = await network.grow(2, config=config)
+    protocol = node._protocol
+    block = b"\x41batch"
+    key = bytes(cid_of_raw(block))
+    ok, _ = await protocol.store_batch(dead.address, node.node_id, [(key, block)])
+    assert ok
+    address = dead.address
+    await network.stop(dead)
+    assert (await protocol.store_batch(address, node.node_id, [(key, block)]))[0] is False
+    skipped = node.stats.rpcs_skipped
+    assert (await protocol.find_node(address, node.node_id, os.urandom(20)))[0] is False
+    assert node.stats.rpcs_skipped == skipped + 1
