@@ -156,7 +156,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: ``id:`` is the delivery-log position; ``from`` (earliest, latest,
     a position or event CID, a time) or ``Last-Event-ID`` say where to start."""
     node, topic = await _root(request)
-    if topic.cid not in node.subscribed():
+    # A client resuming (Last-Event-ID) after the topic was unsubscribed still gets what
+    # the log holds beyond its cursor, then the end; a new stream needs a subscription.
+    if topic.cid not in node.subscribed() and not request.headers.get("Last-Event-ID"):
         raise Problem(404, "not-subscribed", f"subscribe to {topic.cid} first "
                       "(PUT /v1/subscriptions/{cid})")
     position = _start_position(node, topic.cid, request)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiohttp import web
 
 from pulsar import Node
 
 from .common import json_response, node_of, query_int
+from .problems import Problem
 
 __all__ = ["routes", "prometheus_text"]
 
@@ -59,13 +59,13 @@ async def trees(request: web.Request) -> web.Response:
 @routes.get("/v1/health")
 async def health(request: web.Request) -> web.Response:
     node = node_of(request)
-    status = "stopping" if node.stopped else "ok"
-    body: dict[str, Any] = {
-        "status": status,
+    if node.stopped:
+        raise Problem(503, "unavailable", "the node is stopping")
+    return json_response({
+        "status": "ok",
         "uptime_s": round(time.time() - request.app[STARTED], 3),
-        "subscriptions": len(node.subscribed()) if not node.stopped else 0,
-    }
-    return json_response(body, status=200 if status == "ok" else 503)
+        "subscriptions": len(node.subscribed()),
+    })
 
 
 def prometheus_text(node: Node) -> str:

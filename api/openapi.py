@@ -188,7 +188,7 @@ def openapi_document() -> dict[str, Any]:
         "/v1/node/trees": {"get": _op("This node's place in each topic tree", {
             "200": _json({"type": "object"}, "trees")})},
         "/v1/health": {"get": _op("Liveness", {"200": _json({"type": "object"}, "ok"),
-                                               "503": _json({"type": "object"}, "stopping")})},
+                                               "503": _PROBLEM})},
         "/metrics": {"get": _op("Prometheus metrics", {"200": {
             "description": "text format 0.0.4",
             "content": {"text/plain": {"schema": {"type": "string"}}}}})},

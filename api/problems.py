@@ -35,6 +35,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "method-not-allowed": "Method not allowed",
     "payload-too-large": "The request body is too large",
     "unsupported-media-type": "The body must be application/json",
+    "unavailable": "The node is not serving (stopping)",
     "internal": "Internal error",
 }
 """Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""

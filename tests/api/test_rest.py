@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import os
+import re
 import stat
 import time
 
@@ -248,3 +249,19 @@ async def test_ndjson_history_of_ten_thousand_events(apis: list[Api]) -> None:
                             "&limit=5") as r:
         tail = [json.loads(line)["seq"] async for line in r.content]
     assert tail == [9991, 9992, 9993, 9994, 9995]
+
+
+async def test_resume_after_unsubscribe_gets_the_rest_then_the_end(apis: list[Api]) -> None:
+    author = apis[0]
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "closing"})
+    cid = topic["cid"]
+    for i in range(3):
+        await author.call("POST", f"/v1/topics/{cid}/events", json={"json": i})
+    await author.call("DELETE", f"/v1/subscriptions/{cid}")
+    url = f"{author.url}/v1/topics/{cid}/stream"
+    status, problem = await author.call("GET", f"/v1/topics/{cid}/stream")
+    assert status == 404 and problem["type"] == BASE + "not-subscribed"
+    async with author.http.get(url, headers={"Last-Event-ID": "1"}) as stream:
+        text = (await stream.read()).decode()
+    assert re.findall(r"^id: (\d+)$", text, re.M) == ["2", "3"]
+    assert text.rstrip().endswith('data: {"reason": "unsubscribed"}')
