@@ -105,6 +105,48 @@ def _add_devnet(sub: Any) -> None:
     devnet.set_defaults(handler=_devnet)
 
 
+_NODE_DEFAULTS: dict[str, Any] = {
+    "data_dir": None,
+    "host": "127.0.0.1",
+    "port": 0,
+    "bootstrap": [],
+    "api_host": "127.0.0.1",
+    "api_port": 8700,
+    "token": None,
+}
+"""Settings of ``pulsarcast node``: a flag given on the command line wins over the config
+file (``--config``, TOML, the same names with underscores), which wins over these."""
+
+
+def _node_settings(args: argparse.Namespace) -> dict[str, Any]:
+    import tomllib
+
+    settings = dict(_NODE_DEFAULTS)
+    if args.config:
+        try:
+            with open(args.config, "rb") as file:
+                loaded = tomllib.load(file)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SystemExit(f"cannot read config {args.config}: {exc}") from None
+        unknown = set(loaded) - set(_NODE_DEFAULTS)
+        if unknown:
+            raise SystemExit(f"{args.config}: unknown settings {sorted(unknown)}; known: "
+                             f"{sorted(_NODE_DEFAULTS)}")
+        settings.update(loaded)
+    for name in _NODE_DEFAULTS:
+        given = getattr(args, name)
+        if given is not None and given != []:
+            settings[name] = given
+    if not settings["data_dir"]:
+        raise SystemExit("a data directory is required: --data-dir or data_dir in --config")
+    for name, kind in (("port", int), ("api_port", int)):
+        if not isinstance(settings[name], kind) or not 0 <= settings[name] <= 65535:
+            raise SystemExit(f"{name} must be a port number, not {settings[name]!r}")
+    if not isinstance(settings["bootstrap"], list):
+        raise SystemExit("bootstrap must be a list of \"HOST:PORT\" strings")
+    return settings
+
+
 def _node(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -112,28 +154,39 @@ def _node(args: argparse.Namespace) -> int:
 
     from .config import NodeConfig
 
-    bootstrap = tuple(_host_port(b) for b in args.bootstrap)
-    config = NodeConfig(data_dir=Path(args.data_dir), host=args.host, port=args.port,
-                        bootstrap=bootstrap)
-    return asyncio.run(run_node(config, args.api_host, args.api_port, args.token, args.json))
+    settings = _node_settings(args)
+    bootstrap = tuple(_host_port(str(b)) for b in settings["bootstrap"])
+    try:
+        config = NodeConfig(data_dir=Path(settings["data_dir"]), host=settings["host"],
+                            port=settings["port"], bootstrap=bootstrap)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return asyncio.run(run_node(config, settings["api_host"], settings["api_port"],
+                                settings["token"], args.json))
 
 
 def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
-        raise SystemExit(f"--bootstrap takes HOST:PORT, not {value!r}")
+        raise SystemExit(f"bootstrap takes HOST:PORT, not {value!r}")
     return host, int(port)
 
 
 def _add_node(sub: Any) -> None:
     node = sub.add_parser("node", help="run one node with its REST API until Ctrl-C")
-    node.add_argument("--data-dir", required=True, help="key, database and API token live here")
-    node.add_argument("--host", default="127.0.0.1", help="p2p bind address")
-    node.add_argument("--port", type=int, default=0, help="p2p port, UDP and TCP (default any)")
+    node.add_argument("--config", default=None, metavar="FILE.toml",
+                      help="settings file (TOML: data_dir, host, port, bootstrap, api_host, "
+                      "api_port, token); flags override it")
+    node.add_argument("--data-dir", default=None, help="key, database and API token live here")
+    node.add_argument("--host", default=None, help="p2p bind address (default 127.0.0.1)")
+    node.add_argument("--port", type=int, default=None,
+                      help="p2p port, UDP and TCP (default any)")
     node.add_argument("--bootstrap", action="append", default=[], metavar="HOST:PORT",
                       help="a node to join through (repeatable)")
-    node.add_argument("--api-host", default="127.0.0.1", help="REST API bind address")
-    node.add_argument("--api-port", type=int, default=8700, help="REST API port (default 8700)")
+    node.add_argument("--api-host", default=None,
+                      help="REST API bind address (default 127.0.0.1)")
+    node.add_argument("--api-port", type=int, default=None,
+                      help="REST API port (default 8700)")
     node.add_argument("--token", default=None,
                       help="API token (default: generated into the data dir)")
     node.add_argument("--json", action="store_true", help="print the node's details as JSON")

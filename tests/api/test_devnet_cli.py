@@ -56,3 +56,39 @@ async def test_devnet_serves_every_node_and_stops_cleanly(tmp_path: Path) -> Non
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_node_command_reads_its_config_file_and_stops_on_sigterm(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(f'data_dir = "{tmp_path / "data"}"\nport = 0\napi_port = 0\n')
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pulsar.cli", "node", "--config", str(config), "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(30):
+            line = await process.stdout.readline()
+        assert line, (await process.stderr.read()).decode()  # type: ignore[union-attr]
+        info = json.loads(line)
+        assert info["token"] == (tmp_path / "data" / "api-token").read_text().strip()
+        async with aiohttp.ClientSession() as http, http.get(f"{info['url']}/v1/node") as r:
+            assert (await r.json())["peer_id"] == info["peer_id"]
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_node_command_refuses_a_bad_config(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text('data_dir = "x"\ncolour = "red"\n')
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pulsar.cli", "node", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await done.communicate()
+    assert done.returncode != 0 and b"unknown settings ['colour']" in err
