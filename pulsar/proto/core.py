@@ -602,14 +602,19 @@ class PulsarCore:
                 tree.children.discard(peer)
                 out += self._prune_idle(tree)
             if peer in tree.parents and tree.topic.cid in self._trees:
-                out += self._parent_failed(tree, peer, now)
+                # The transport reports SendFailed after its own dials failed: a parent that
+                # never answered our JOIN and cannot even be dialled is routed around at
+                # once (e.g. an offline author), not retried with backoff.
+                never_reached = isinstance(down, ev.SendFailed) and peer not in tree.confirmed
+                out += self._parent_failed(tree, peer, now, give_up=never_reached)
         return out
 
-    def _parent_failed(self, tree: _Tree, peer: PeerId, now: float) -> Out:
+    def _parent_failed(self, tree: _Tree, peer: PeerId, now: float, *,
+                       give_up: bool = False) -> Out:
         """Retry a parent with backoff; after ``parent_retries`` route around it."""
         attempt = tree.retries.get(peer, 0) + 1
         tree.retries[peer] = attempt
-        if attempt <= self.config.parent_retries:
+        if attempt <= self.config.parent_retries and not give_up:
             delay = self.config.parent_retry_delay * 2 ** (attempt - 1)
             return [ev.SetTimer(delay, RetryParent(tree.topic.cid, peer))]
         tree.parents.discard(peer)

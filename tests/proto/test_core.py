@@ -165,11 +165,34 @@ def test_lost_parent_is_retried_then_routed_around() -> None:
     core = PulsarCore(me, routing, CoreConfig(parent_retries=2))
     core.handle(ev.Subscribe(topic), 0.0)
     first = others[0].peer_id
+    core.handle(ev.Received(first, Joined(topic.cid, ())), 0.5)  # the edge was confirmed
     out = core.handle(ev.PeerDown(first), 1.0)
     assert out == [ev.SetTimer(0.25, RetryParent(topic.cid, first))]
     assert core.handle(ev.TimerFired(RetryParent(topic.cid, first)), 1.3) == _join(topic, first)
-    assert isinstance(core.handle(ev.SendFailed(first), 1.4)[0], ev.SetTimer)
-    out = core.handle(ev.SendFailed(first), 2.0)
+    # Connection lost again before an answer: retried once more, with backoff ...
+    assert core.handle(ev.PeerDown(first), 1.4) == [ev.SetTimer(0.5, RetryParent(topic.cid, first))]
+    # ... and once the retries are used up, routing goes around it.
+    out = core.handle(ev.PeerDown(first), 2.0)
+    assert out == _join(topic, others[1].peer_id)
+    # A re-sent JOIN that cannot even be dialled gives up at once (the transport retried).
+    second = others[1].peer_id
+    core.handle(ev.Received(second, Joined(topic.cid, ())), 2.1)
+    core.handle(ev.PeerDown(second), 2.2)
+    assert core.handle(ev.TimerFired(RetryParent(topic.cid, second)), 2.5) == _join(topic, second)
+    assert core.handle(ev.SendFailed(second), 2.6) == _join(topic, others[2].peer_id)
+
+
+def test_a_parent_never_reached_is_routed_around_at_once() -> None:
+    """SendFailed comes after the transport's own dials: a parent that never answered our
+    JOIN and cannot be dialled (an offline author) is not retried with backoff."""
+    author = _ident(1)
+    topic = _topic(author)
+    others = sorted(
+        (_ident(i) for i in range(2, 12)), key=lambda i: _distance(i.peer_id, author.peer_id)
+    )
+    core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    out = core.handle(ev.SendFailed(others[0].peer_id), 0.1)
     assert out == _join(topic, others[1].peer_id)
 
 
