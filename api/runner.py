@@ -59,6 +59,11 @@ Try it (node 0; every node has its own URL and token):
   curl -s -X POST $PC/v1/topics/<cid>/events -H "Authorization: Bearer $TOKEN" \\
        -H 'Content-Type: application/json' -d '{{"text": "hello"}}'
   curl -N "$PC/v1/topics/<cid>/stream?from=earliest"
+or with the CLI:
+  export PULSARCAST_URL={url} PULSARCAST_TOKEN={token}
+  .venv/bin/pulsarcast topic create demo
+  .venv/bin/pulsarcast publish <cid> --text hello
+  .venv/bin/pulsarcast subscribe <cid> --from earliest
 API reference: docs/api.md. Press Ctrl-C to stop."""
 
 
