@@ -4,9 +4,11 @@ real HTTP, and a clean exit on SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -14,13 +16,28 @@ import aiohttp
 from tests.waiting import eventually
 
 
-async def test_devnet_serves_every_node_and_stops_cleanly(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _cli(*args: str, stop: signal.Signals) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``pulsarcast ARGS`` as a real process; at the end it must exit 0 on ``stop``. It is
+    killed if the test fails first, so no process outlives the test."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pulsar.cli", "devnet", "--nodes", "3", "--json",
-        "--data-dir", str(tmp_path / "net"),
+        sys.executable, "-m", "pulsar.cli", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
+        yield process
+        process.send_signal(stop)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_devnet_serves_every_node_and_stops_cleanly(tmp_path: Path) -> None:
+    async with _cli("devnet", "--nodes", "3", "--json", "--data-dir", str(tmp_path / "net"),
+                    stop=signal.SIGINT) as process:
         assert process.stdout is not None
         nodes = []
         async with asyncio.timeout(60):
@@ -49,23 +66,12 @@ async def test_devnet_serves_every_node_and_stops_cleanly(tmp_path: Path) -> Non
                     return [e["cid"] for e in (await r.json())["events"]] == [event]
 
             await eventually(arrived, timeout=15)
-        process.send_signal(signal.SIGINT)
-        async with asyncio.timeout(30):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def test_node_command_reads_its_config_file_and_stops_on_sigterm(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text(f'data_dir = "{tmp_path / "data"}"\nport = 0\napi_port = 0\n')
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pulsar.cli", "node", "--config", str(config), "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    async with _cli("node", "--config", str(config), "--json", stop=signal.SIGTERM) as process:
         assert process.stdout is not None
         async with asyncio.timeout(30):
             line = await process.stdout.readline()
@@ -74,13 +80,6 @@ async def test_node_command_reads_its_config_file_and_stops_on_sigterm(tmp_path:
         assert info["token"] == (tmp_path / "data" / "api-token").read_text().strip()
         async with aiohttp.ClientSession() as http, http.get(f"{info['url']}/v1/node") as r:
             assert (await r.json())["peer_id"] == info["peer_id"]
-        process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def test_node_command_refuses_a_bad_config(tmp_path: Path) -> None:
