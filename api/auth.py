@@ -19,6 +19,9 @@ from .problems import Handler, Problem
 __all__ = ["TOKEN_FILE", "auth_middleware", "load_or_create_token"]
 
 TOKEN_FILE = "api-token"
+# A fixed prefix so a generated token never starts with "-" (which a command line would read
+# as an option: ``--token -x…``) and so secret scanners can recognise one in a leaked log.
+TOKEN_PREFIX = "pct_"
 _OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -29,7 +32,7 @@ def load_or_create_token(data_dir: Path) -> str:
         token = path.read_text().strip()
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_urlsafe(32)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(token + "\n")

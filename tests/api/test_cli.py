@@ -20,7 +20,7 @@ from .conftest import Api
 
 async def run(api: Api, capsys: pytest.CaptureFixture[str], *argv: str,
               token: str | None = None) -> tuple[int, str, str]:
-    args = [*argv, "--url", api.url, "--token", token or api.server.token]
+    args = [*argv, "--url", api.url, f"--token={token or api.server.token}"]
     code = await asyncio.to_thread(main, args)
     out, err = capsys.readouterr()
     return code, out, err
@@ -84,8 +84,8 @@ async def test_subscribe_no_follow_then_follow_until_unsubscribed(
     assert [json.loads(line)["seq"] for line in out.splitlines()] == [2]
 
     # Following: prints as events arrive, returns once the node unsubscribes.
-    argv = ["subscribe", cid, "--from", "1", "--url", reader.url, "--token",
-            reader.server.token]
+    argv = ["subscribe", cid, "--from", "1", "--url", reader.url,
+            f"--token={reader.server.token}"]
     follow = asyncio.ensure_future(asyncio.to_thread(main, argv))
     printed: list[str] = []
 
