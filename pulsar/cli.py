@@ -53,6 +53,11 @@ def _bench(args: argparse.Namespace) -> int:
 
         _print_json(asyncio.run(bench_api(events=args.events or 10_000)))
         return 0
+    if args.name == "spark":
+        from .spark.bench import bench_spark
+
+        _print_json(bench_spark(events=args.events or 100_000))
+        return 0
     if args.name == "transport":
         from .net.bench import bench_transport
 
@@ -66,7 +71,7 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["api", "codec", "delivery", "dht", "tree", "transport"],
+        choices=["api", "codec", "delivery", "dht", "spark", "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
@@ -473,6 +478,56 @@ def _add_api_commands(sub: Any) -> None:
     peers.set_defaults(handler=_api_command(_peers))
 
 
+def _testbed(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .testbed.runner import run_scenario_file
+
+    return run_scenario_file(Path(args.scenario), Path(args.out) if args.out else None,
+                             protocols=args.protocol, progress=not args.quiet)
+
+
+def _add_testbed(sub: Any) -> None:
+    testbed = sub.add_parser("testbed", help="run a scenario on a real loopback network "
+                             "(Pulsarcast and the Floodsub baseline), writing traces")
+    commands = testbed.add_subparsers(dest="testbed_command", required=True)
+    run = commands.add_parser("run", help="run one scenario file (TOML)")
+    run.add_argument("scenario", help="scenario file, e.g. scenarios/baseline.toml")
+    run.add_argument("--out", default=None,
+                     help="run directory to write (default: runs/<scenario>-<time>)")
+    run.add_argument("--protocol", action="append", choices=["pulsarcast", "floodsub"],
+                     default=None, help="run only this protocol (repeatable; default: both)")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(handler=_testbed)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .testbed.report import run_report
+
+    try:
+        summary_path = run_report([Path(d) for d in args.run_dirs],
+                                  Path(args.out) if args.out else None, master=args.master)
+    except ValueError as exc:
+        print(f"pulsarcast report: {exc}", file=sys.stderr)
+        return 2
+    print(summary_path)
+    return 0
+
+
+def _add_report(sub: Any) -> None:
+    report = sub.add_parser("report", help="QoS report of testbed runs, computed with PySpark "
+                            "(Markdown, PNG plots, JSON summary)")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="testbed run directory")
+    report.add_argument("--out", default=None,
+                        help="where to write the report (default: RUN_DIR/report for one run, "
+                        "else ./report)")
+    report.add_argument("--master", default="local[*]",
+                        help="Spark master URL (default local[*])")
+    report.set_defaults(handler=_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pulsarcast",
@@ -483,6 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_devnet(sub)
     _add_node(sub)
     _add_api_commands(sub)
+    _add_testbed(sub)
+    _add_report(sub)
     return parser
 
 
