@@ -163,6 +163,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         log.debug("UDP error: %s", exc)
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
+        self.stats.bytes_received += len(data)
         if self._silent:
             self._silent.pop((addr[0], addr[1]), None)
         try:
@@ -197,7 +198,9 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if self._closed or self.transport is None:
             return
         try:
-            self.transport.sendto(encode_response(request.msg_id, result), addr)
+            datagram = encode_response(request.msg_id, result)
+            self.transport.sendto(datagram, addr)
+            self.stats.bytes_sent += len(datagram)
         except Exception:  # pragma: no cover - an unpackable result would be our bug
             self.stats.handler_errors += 1
             log.exception("could not answer RPC %s from %s", request.name, addr)
@@ -272,6 +275,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         timer = loop.call_later(self.config.rpc_timeout, self._expire, msg_id)
         self._pending[msg_id] = _Pending(future, timer, address, name)
         self.transport.sendto(datagram, address)
+        self.stats.bytes_sent += len(datagram)
         return future
 
     # -- outgoing RPCs (names as on the wire) --------------------------------------------

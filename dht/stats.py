@@ -30,6 +30,10 @@ class DhtStats:
     """RPCs failed at once because their address recently let an RPC time out."""
     republished: int = 0
     expired: int = 0
+    bytes_sent: int = 0
+    """UDP payload bytes of every datagram sent (requests and answers)."""
+    bytes_received: int = 0
+    """UDP payload bytes of every datagram received, dropped ones included."""
     handed_off: int = 0
     """Records pushed to newly met nodes that are closer to them than we are."""
 

@@ -10,8 +10,11 @@ from dht import DhtConfig
 from .net.config import TransportConfig
 from .net.faults import FaultInjector
 from .proto.core import CoreConfig
+from .runtime.trace import Tracer
 
-__all__ = ["NodeConfig"]
+__all__ = ["PROTOCOLS", "NodeConfig"]
+
+PROTOCOLS = ("pulsarcast", "floodsub")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +39,18 @@ class NodeConfig:
     dht: DhtConfig = field(default_factory=DhtConfig)
     faults: FaultInjector | None = field(default=None, compare=False)
     """Fault injection on this node's outgoing frames (tests and the testbed only)."""
+    protocol: str = "pulsarcast"
+    """The router: ``pulsarcast``, or ``floodsub`` (the baseline the testbed compares it
+    with; no trees, repair or persistence in the DHT)."""
+    tracer: Tracer | None = field(default=None, compare=False)
+    """Hooks told about every frame, delivery and publish (the testbed's traces)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, not {self.port}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, "
+                             f"not {self.protocol!r}")
         if not 0 < self.inline_limit <= 6144:
             raise ValueError("inline_limit must be in 1..6144 bytes")

@@ -41,6 +41,7 @@ from .net.transport import Transport
 from .proto import events as ev
 from .proto.backfill import GapReported
 from .proto.core import PulsarCore, TreeView
+from .proto.floodsub import FloodCore
 from .proto.messages import MessageError, decode_message, encode_message
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
@@ -89,13 +90,18 @@ class Node:
         self.dht = dht
         self.transport = transport
         self._routing = routing
-        self.core = PulsarCore(
-            identity,
-            routing,
-            config.core,
-            lookup=self._local_block,
-            is_delivered=store.log_contains,
-        )
+        self.core: PulsarCore | FloodCore
+        if config.protocol == "floodsub":
+            self.core = FloodCore(identity, routing, lookup=self._local_block)
+        else:
+            self.core = PulsarCore(
+                identity,
+                routing,
+                config.core,
+                lookup=self._local_block,
+                is_delivered=store.log_contains,
+            )
+        self._trace = config.tracer
         self._loop = asyncio.get_running_loop()
         self._requests = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[EventDescriptor]] = {}
@@ -211,12 +217,7 @@ class Node:
     def metrics(self) -> dict[str, int]:
         """Counters of the core, the repair layers and this runtime (for the API and tests):
         delivered, duplicates, grafts, prunes, backfilled, gaps_open, gaps_reported, ..."""
-        return {
-            **self.core.metrics,
-            **self.core.lazy.metrics,
-            **self.core.backfill.metrics,
-            "rejected_frames": self.rejections,
-        }
+        return {**self.core.counters(), "rejected_frames": self.rejections}
 
     # ------------------------------------------------------------------ topics
 
@@ -527,6 +528,8 @@ class Node:
             self.rejections += 1
             log.warning("dropped a malformed message from %s: %s", peer, exc)
             return
+        if self._trace is not None:
+            self._trace.received(peer, message, len(frame))
         self._apply(self.core.handle(ev.Received(peer, message), time.time()))
 
     def _on_peer_up(self, peer: PeerId, address: tuple[str, int]) -> None:
@@ -550,6 +553,8 @@ class Node:
                 self._send(out.peer, out.message)
             elif kind is ev.Deliver:
                 self._deliver(out.topic, out.event)
+                if self._trace is not None:
+                    self._trace.delivered(out.topic, out.event, out.hop)
             elif kind is ev.StoreLocal:
                 self._store_block(out.cid, out.block)
             elif kind is ev.SetTimer:
@@ -560,6 +565,8 @@ class Node:
             elif kind is ev.Fetch:
                 self._spawn(self._fetch(out.cid))
             elif kind is ev.Published:
+                if self._trace is not None:
+                    self._trace.published(out.event)
                 future = self._waiting.get(out.request)
                 if future is not None and not future.done():
                     future.set_result(out.event)
@@ -583,6 +590,8 @@ class Node:
         if self._stopped:
             return
         frame = encode_message(message)
+        if self._trace is not None:
+            self._trace.sent(peer, message, len(frame))
         address = self.transport.address_of(peer)
         if address is not None and self.transport.send_nowait(peer, address, frame):
             return
@@ -666,7 +675,7 @@ class Node:
                     if grew is not None:
                         grew.set()
                     # The heads let a restarted node ask only for what it missed.
-                    self.store.set_heads(topic, self.core.backfill.heads(topic))
+                    self.store.set_heads(topic, self.core.heads(topic))
                 except Exception:
                     log.exception("could not log %d deliveries", len(cids))
 
@@ -695,7 +704,10 @@ class Node:
             self._apply(self.core.handle(ev.DhtStored(cid, acks), time.time()))
 
     async def _fetch(self, cid: CID) -> None:
-        block = await self._get_block(cid)
+        local = self._local_block(cid)
+        block = local if local is not None else await self._get_block(cid)
+        if local is None and block is not None and self._trace is not None:
+            self._trace.fetched(cid, block)
         if not self._stopped:
             self._apply(self.core.handle(ev.BlockFetched(cid, block), time.time()))
 

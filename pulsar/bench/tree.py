@@ -57,6 +57,7 @@ from ..config import NodeConfig
 from ..net.transport import Transport
 from ..node import Node
 from ..proto.messages import Event, Join, encode_message
+from .control import WorkerProcess
 from .timing import percentile
 from .worker import copies_received, counters
 
@@ -89,90 +90,10 @@ def _machine_busy_s() -> float | None:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-class _Worker:
-    """One worker process (``python -m pulsar.bench.worker``), driven over stdin/stdout."""
-
-    def __init__(self, index: int, process: asyncio.subprocess.Process) -> None:
-        self.index = index
-        self.process = process
-        self.progress: dict[str, int] = {"delivered": 0}
-        self._replies: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self._reader = asyncio.create_task(self._read())
-
-    @classmethod
-    async def spawn(cls, index: int) -> _Worker:
-        # A source checkout works without installation too: the worker imports the same
-        # packages this process did.
-        source = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pulsar.bench.worker",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            limit=256 * 1024 * 1024,  # the statistics reply is one (long) line
-        )
-        return cls(index, process)
-
-    async def _read(self) -> None:
-        """Replies go to :meth:`call`; progress lines update :attr:`progress`."""
-        assert self.process.stdout is not None
-        try:
-            while line := await self.process.stdout.readline():
-                message = json.loads(line)
-                if "progress" in message:
-                    self.progress = message["progress"]
-                else:
-                    self._replies.put_nowait(message)
-        finally:
-            self._replies.put_nowait(None)  # end of stream: no reply will come
-
-    async def call(self, command: str, **arguments: Any) -> dict[str, Any]:
-        """Send one command and wait for its reply; a worker error becomes a RuntimeError."""
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"cmd": command, **arguments}).encode() + b"\n")
-        await self.process.stdin.drain()
-        reply = await self._replies.get()
-        if reply is None:
-            self._replies.put_nowait(None)
-            raise RuntimeError(f"bench worker {self.index} exited during {command!r}")
-        if not reply["ok"]:
-            raise RuntimeError(f"bench worker {self.index}: {reply['error']}")
-        return reply
-
-    async def close(self) -> None:
-        """Ask the worker to stop its nodes; kill it if that fails or it does not exit in
-        time. Always waits for the process, so none is left behind (not even a zombie)."""
-        stopped = False
-        try:
-            if self.process.returncode is None:
-                async with asyncio.timeout(30):
-                    await self.call("stop")
-                stopped = True
-        except Exception as exc:
-            if self.process.returncode is None:
-                _say(f"bench worker {self.index} did not stop ({exc!r}); killing it")
-        finally:
-            if self.process.stdin is not None:
-                self.process.stdin.close()
-            if not stopped and self.process.returncode is None:
-                self.process.kill()
-            try:
-                async with asyncio.timeout(10):
-                    await self.process.wait()
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-            await self._reader
-
-
 class _Network:
     """The author (here) and the worker processes running the subscribers."""
 
-    def __init__(self, workers: list[_Worker], root: Path) -> None:
+    def __init__(self, workers: list[WorkerProcess], root: Path) -> None:
         self.workers = workers
         self.root = root
         self.author: Node | None = None
@@ -180,16 +101,17 @@ class _Network:
 
     @classmethod
     async def spawn(cls, processes: int, root: Path) -> _Network:
-        workers: list[_Worker] = []
+        workers: list[WorkerProcess] = []
         try:
             for index in range(processes):
-                workers.append(await _Worker.spawn(index))
+                label = f"bench worker {index}"
+                workers.append(await WorkerProcess.spawn("pulsar.bench.worker", label))
         except BaseException:
             await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
             raise
         return cls(workers, root)
 
-    def worker_of(self, node: int) -> _Worker:
+    def worker_of(self, node: int) -> WorkerProcess:
         """Node 0 is the author (this process); subscribers go round-robin."""
         return self.workers[(node - 1) % len(self.workers)]
 
@@ -248,7 +170,7 @@ async def bench_tree(
             async with asyncio.timeout(TIMEOUT):
                 figures = await _disseminate(network, nodes, events, progress)
         except TimeoutError:
-            delivered = sum(w.progress["delivered"] for w in network.workers)
+            delivered = sum(w.progress.get("delivered", 0) for w in network.workers)
             raise TimeoutError(
                 f"tree bench did not finish within {TIMEOUT:.0f} s: {progress.published}/"
                 f"{events} published, {delivered}/{events * (nodes - 1)} delivered"
@@ -284,7 +206,7 @@ async def _disseminate(
     async def report() -> None:
         while True:
             await asyncio.sleep(1.0)
-            delivered = sum(w.progress["delivered"] for w in network.workers)
+            delivered = sum(w.progress.get("delivered", 0) for w in network.workers)
             _say(f"publishing {progress.published}/{events}, delivered {delivered}/{expected}")
 
     reporter = asyncio.create_task(report())
@@ -312,7 +234,7 @@ async def _disseminate(
     _say(
         f"CPU while measuring: author {cpu:.1f} s of {wall:.1f} s, "
         + ", ".join(
-            f"worker {w.index} {r['cpu_s']:.1f} s of {r['wall_s']:.1f} s"
+            f"{w.label} {r['cpu_s']:.1f} s of {r['wall_s']:.1f} s"
             for w, r in zip(network.workers, results, strict=True)
         )
     )

@@ -6,16 +6,9 @@ whole machine delivers, ``pulsar.bench.tree`` spreads the subscribers over sever
 workers, each running its own event loop with its share of real :class:`pulsar.Node` s —
 as separate machines would.
 
-The worker is driven by its parent over a line protocol: one JSON object per line on stdin
-(a command), one JSON object per line on the protocol channel (stdout at start-up) back.
-Commands run one at a time, in order, and each gets exactly one reply, ``{"ok": true, ...}``
-or ``{"ok": false, "error": ...}``; while a ``run`` is in progress the worker also sends
-``{"progress": {...}}`` lines about once a second. Anything else the process prints (log
-records, stray prints) is moved to stderr, so it can never corrupt the protocol.
-
-``stop`` is read even while another command runs: it cancels that command, stops every
-node and ends the process. End of stdin (the parent went away) does the same, so a parent
-that fails or dies leaves no nodes running behind it.
+The worker is driven by its parent over the line protocol of :mod:`pulsar.bench.control`;
+while a ``run`` is in progress it also sends ``{"progress": {...}}`` lines about once a
+second.
 
 Commands:
 
@@ -39,12 +32,8 @@ phase (the measured part) to ``<dir>/worker-<pid>.prof``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import cProfile
-import json
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -54,6 +43,7 @@ from dag import CID
 from ..config import NodeConfig
 from ..node import Node
 from ..runtime.subscription import Subscription
+from .control import CommandWorker, run_worker
 
 __all__ = ["main"]
 
@@ -89,14 +79,13 @@ def counters(node: Node) -> dict[str, int]:
     return out
 
 
-COMMANDS = frozenset({"start", "prove", "subscribe", "tree", "arm", "run", "stats"})
-
-
-class _Worker:
+class _Worker(CommandWorker):
     """The nodes of this process and what the benchmark measures about them."""
 
+    commands = frozenset({"start", "prove", "subscribe", "tree", "arm", "run", "stats"})
+
     def __init__(self, channel: IO[str]) -> None:
-        self.channel = channel
+        super().__init__(channel)
         self.nodes: dict[int, Node] = {}
         self.topic: CID | None = None
         self.subs: list[Subscription] = []
@@ -106,23 +95,6 @@ class _Worker:
         self.arrivals: list[tuple[CID, float]] = []
         self.baseline: dict[str, int] = {"tree": 0, "repair": 0}
         self.counters_baseline: dict[str, int] = {}
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.channel.write(json.dumps(message, separators=(",", ":")) + "\n")
-        self.channel.flush()
-
-    async def handle(self, request: dict[str, Any]) -> None:
-        """Run one command and send its reply (errors included)."""
-        name = request.pop("cmd", None)
-        try:
-            if name not in COMMANDS:
-                raise ValueError("unknown command")
-            reply = getattr(self, name)(**request)
-            if asyncio.iscoroutine(reply):
-                reply = await reply
-            self.send({"ok": True, **reply})
-        except Exception as exc:
-            self.send({"ok": False, "error": f"{name}: {exc!r}"})
 
     # ------------------------------------------------------------------ commands
 
@@ -232,55 +204,9 @@ class _Worker:
             self._progress()
 
 
-async def _commands() -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=16 * 1024 * 1024)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-async def _serve(channel: IO[str]) -> None:
-    """Read commands; run them in order on a separate task, so ``stop`` (or end of input)
-    is seen even while a long command such as ``run`` is waiting."""
-    worker = _Worker(channel)
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-    async def runner() -> None:
-        while True:
-            await worker.handle(await queue.get())
-
-    commands = await _commands()
-    running = asyncio.create_task(runner())
-    try:
-        while line := await commands.readline():
-            request = json.loads(line)
-            if request.get("cmd") == "stop":
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
-                await worker.stop()
-                worker.send({"ok": True})
-                return
-            queue.put_nowait(request)
-    finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
-        await worker.stop()
-
-
 def main() -> None:
     """Run one worker until told to stop or until stdin closes."""
-    # The parent decides when to stop (Ctrl-C reaches the whole process group): it then
-    # sends ``stop`` or closes stdin, and the nodes are stopped properly.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    sys.stdout = sys.stderr
-    try:
-        asyncio.run(_serve(channel))
-    finally:
-        channel.close()
+    run_worker(_Worker)
 
 
 if __name__ == "__main__":

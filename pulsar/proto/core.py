@@ -262,6 +262,14 @@ class PulsarCore:
         t = self._trees.get(topic)
         return t is not None and t.deliver
 
+    def heads(self, topic: CID) -> list[CID]:
+        """The topic's DAG tips here (what a restarted node asks its neighbours after)."""
+        return list(self.backfill.heads(topic))
+
+    def counters(self) -> dict[str, int]:
+        """The counters of the tree core and its repair layers, in one dict."""
+        return {**self.metrics, **self.lazy.metrics, **self.backfill.metrics}
+
     def _tree_edges(self, topic: CID) -> set[PeerId]:
         tree = self._trees.get(topic)
         return set() if tree is None else tree.neighbours()

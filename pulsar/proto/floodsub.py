@@ -1,0 +1,345 @@
+"""Floodsub, the baseline Pulsarcast is measured against, as a sans-I/O core.
+
+Floodsub is libp2p's first pub-sub router and what IPFS shipped when the Pulsarcast thesis
+was written: every node tells the peers it knows which topics it subscribes to, and an event
+is sent to *every* known peer subscribed to its topic; each receiver delivers it once and
+sends it on to all of its own subscribed peers except the sender. No tree, no repair, no
+persistence: what is lost is lost, and the redundancy is the price of its robustness.
+
+It runs in the same runtime as :class:`~pulsar.proto.core.PulsarCore` (same transport,
+framing, DHT, descriptors and fault injection — see :class:`pulsar.Node` with
+``NodeConfig(protocol="floodsub")``) so that a testbed run compares the routing, not two
+implementations. To that end it exposes the same surface the node uses (``handle``,
+``tree``, ``topic``, ``heads``, ...) and carries events in the same EVENT message; its one
+message of its own is SUBS:
+
+=========  =======================================================  ===========================
+``t``      keys                                                     meaning
+=========  =======================================================  ===========================
+``subs``   ``topics`` [link] (<= 1024, no duplicates), ``on`` bool  I (un)subscribe to these
+=========  =======================================================  ===========================
+
+A node greets each peer it knows (its proven DHT contacts, checked on a timer, as libp2p
+announces on every new connection) with all its subscriptions, and announces every later
+change to all peers it has greeted. Events are validated (CID, signatures, the topic's
+publishing rules) before they are delivered or forwarded, as libp2p's strict signing does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Final
+
+from dag import (
+    CID,
+    EventDescriptor,
+    EventLinking,
+    Identity,
+    InvalidDescriptor,
+    PeerId,
+    TopicDescriptor,
+    check_rights,
+)
+from dag.cid import cid_of
+
+from . import events as ev
+from .core import Routing, TreeView
+from .messages import Event, MessageError, _cid, register
+
+__all__ = ["FloodConfig", "FloodCore", "Subs"]
+
+MAX_SUBS: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Subs:
+    """A subscription announcement: the sender is (``on``) or is no longer a member."""
+
+    topics: tuple[CID, ...]
+    on: bool
+    T: ClassVar[str] = "subs"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topics": list(self.topics), "on": self.on}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Subs:
+        topics, on = m["topics"], m["on"]
+        if not isinstance(topics, list) or len(topics) > MAX_SUBS:
+            raise MessageError(f"subs.topics must be a list of at most {MAX_SUBS} links")
+        if not isinstance(on, bool):
+            raise MessageError("subs.on must be a boolean")
+        parsed = tuple(_cid(t, "subs.topics[]") for t in topics)
+        if len(set(parsed)) != len(parsed):
+            raise MessageError("subs.topics has duplicates")
+        return cls(parsed, on)
+
+
+register(Subs, {"topics", "on"})
+
+
+@dataclass(frozen=True, slots=True)
+class FloodConfig:
+    greet_interval: float = 1.0
+    """How often newly known peers are greeted with our subscriptions."""
+    seen_limit: int = 200_000
+    """Event CIDs remembered for de-duplication (oldest forgotten first)."""
+    max_peers: int = 10_000
+    """Known peers considered (the whole routing table of any realistic node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Greet:
+    """The timer that greets peers we have not told our subscriptions yet."""
+
+
+@dataclass(slots=True)
+class _Topic:
+    topic: TopicDescriptor
+    """The first version: topics are named by it, as Pulsarcast's trees are."""
+    latest: TopicDescriptor
+    deliver: bool
+    last_seen: CID | None = None
+    members: set[PeerId] = field(default_factory=set)
+
+
+class FloodCore:
+    """The Floodsub router for one node. Inputs and outputs are those of
+    :mod:`pulsar.proto.events`; no sockets, clocks or loops inside."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        routing: Routing,
+        config: FloodConfig | None = None,
+        *,
+        lookup: Callable[[CID], bytes | None] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.me = identity.peer_id
+        self.routing = routing
+        self.config = config or FloodConfig()
+        self._topics: dict[CID, _Topic] = {}
+        self._versions: dict[CID, TopicDescriptor] = {}
+        self._members: dict[CID, set[PeerId]] = {}  # topic -> peers announced as members
+        self._greeted: set[PeerId] = set()
+        self._seen: OrderedDict[CID, None] = OrderedDict()
+        self._greeting = False
+        self.metrics: dict[str, int] = {
+            "events_received": 0,
+            "delivered": 0,
+            "duplicates": 0,
+            "forwarded": 0,
+            "rejected": 0,
+            "published": 0,
+            "max_hop": 0,
+        }
+        self._dispatch: dict[type, Callable[[Any, float], list[Any]]] = {
+            ev.Received: self._on_received,
+            ev.PeerDown: self._on_peer_down,
+            ev.SendFailed: self._on_peer_down,
+            ev.TimerFired: self._on_timer,
+            ev.BlockFetched: lambda e, now: [],
+            ev.DhtStored: lambda e, now: [],
+            ev.Subscribe: self._on_subscribe,
+            ev.Unsubscribe: self._on_unsubscribe,
+            ev.Publish: self._on_publish,
+        }
+
+    # ------------------------------------------------------------------ public surface
+
+    def handle(self, event: Any, now: float) -> list[Any]:
+        return self._dispatch[type(event)](event, now)
+
+    def tree(self, topic: CID) -> TreeView | None:
+        """Floodsub has no tree: its 'children' are all the peers it floods the topic to."""
+        t = self._topics.get(topic)
+        if t is None:
+            return None
+        members = frozenset(self._members.get(topic, ()))
+        return TreeView(topic, frozenset(), members, t.topic.author == self.me, t.deliver)
+
+    def trees(self) -> list[TreeView]:
+        return [v for v in (self.tree(c) for c in self._topics) if v is not None]
+
+    def topic(self, cid: CID) -> TopicDescriptor | None:
+        return self._versions.get(cid)
+
+    def latest(self, topic: CID) -> TopicDescriptor | None:
+        t = self._topics.get(topic)
+        return None if t is None else t.latest
+
+    def learn_topic(self, descriptor: TopicDescriptor) -> list[Any]:
+        self._versions[descriptor.cid] = descriptor
+        return []
+
+    def is_subscribed(self, topic: CID) -> bool:
+        t = self._topics.get(topic)
+        return t is not None and t.deliver
+
+    def heads(self, topic: CID) -> list[CID]:
+        t = self._topics.get(topic)
+        return [t.last_seen] if t is not None and t.last_seen is not None else []
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.metrics)
+
+    # ------------------------------------------------------------------ membership
+
+    def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> list[Any]:
+        topic = cmd.topic
+        self._versions[topic.cid] = topic
+        existing = self._topics.get(topic.cid)
+        if existing is not None:
+            if cmd.deliver and not existing.deliver:
+                existing.deliver = True
+                return self._announce((topic.cid,), True)
+            return []
+        self._topics[topic.cid] = _Topic(topic, topic, cmd.deliver)
+        out = self._announce((topic.cid,), True) if cmd.deliver else []
+        if not self._greeting:
+            self._greeting = True
+            out += self._greet_new()
+            out.append(ev.SetTimer(self.config.greet_interval, Greet()))
+        return out
+
+    def _on_unsubscribe(self, cmd: ev.Unsubscribe, now: float) -> list[Any]:
+        t = self._topics.pop(cmd.topic, None)
+        if t is None or not t.deliver:
+            return []
+        return self._announce((cmd.topic,), False)
+
+    def _announce(self, topics: tuple[CID, ...], on: bool) -> list[Any]:
+        message = Subs(topics, on)
+        return [ev.Send(p, message) for p in sorted(self._greeted, key=bytes)]
+
+    def _subscribed(self) -> tuple[CID, ...]:
+        return tuple(c for c, t in self._topics.items() if t.deliver)
+
+    def _greet_new(self) -> list[Any]:
+        peers = self.routing.closest_peers(_key(self.me), self.config.max_peers)
+        out: list[Any] = []
+        mine = self._subscribed()
+        for peer in _sorted(peers):
+            if peer != self.me and peer not in self._greeted:
+                self._greeted.add(peer)
+                for i in range(0, len(mine), MAX_SUBS):
+                    out.append(ev.Send(peer, Subs(mine[i : i + MAX_SUBS], True)))
+                if not mine:
+                    out.append(ev.Send(peer, Subs((), True)))
+        return out
+
+    def _on_timer(self, fired: ev.TimerFired, now: float) -> list[Any]:
+        if not isinstance(fired.timer, Greet):
+            return []
+        if not self._topics:
+            self._greeting = False
+            return []
+        return [*self._greet_new(), ev.SetTimer(self.config.greet_interval, Greet())]
+
+    def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> list[Any]:
+        # Forget it; if it comes back it is greeted again and re-announces itself.
+        self._greeted.discard(down.peer)
+        for members in self._members.values():
+            members.discard(down.peer)
+        return []
+
+    # ------------------------------------------------------------------ messages
+
+    def _on_received(self, msg: ev.Received, now: float) -> list[Any]:
+        message = msg.message
+        if isinstance(message, Event):
+            return self._on_event(msg.peer, message, now)
+        if isinstance(message, Subs):
+            return self._on_subs(msg.peer, message)
+        return []  # a Pulsarcast message: not ours to answer
+
+    def _on_subs(self, peer: PeerId, msg: Subs) -> list[Any]:
+        for topic in msg.topics:
+            members = self._members.setdefault(topic, set())
+            if msg.on:
+                members.add(peer)
+            else:
+                members.discard(peer)
+        if peer not in self._greeted:  # it found us first: tell it ours
+            self._greeted.add(peer)
+            mine = self._subscribed()
+            if mine:
+                return [ev.Send(peer, Subs(mine[:MAX_SUBS], True))]
+        return []
+
+    def _on_event(self, peer: PeerId, msg: Event, now: float) -> list[Any]:
+        self.metrics["events_received"] += 1
+        cid = cid_of(msg.block)
+        if cid in self._seen:
+            self.metrics["duplicates"] += 1
+            return []
+        t = self._topics.get(msg.topic)
+        version = self._versions.get(msg.topic)
+        try:
+            event = EventDescriptor.from_block(msg.block, cid)
+            if version is None:
+                raise InvalidDescriptor(f"event for unknown topic {msg.topic}")
+            if event.topic != msg.topic and event.topic not in self._versions:
+                raise InvalidDescriptor(f"event {cid} names topic {event.topic}")
+            check_rights(event, self._versions.get(event.topic, version))
+        except InvalidDescriptor as exc:
+            self.metrics["rejected"] += 1
+            return [ev.Rejected(peer, str(exc))]
+        self._remember(cid)
+        out: list[Any] = [ev.StoreLocal(cid, msg.block)]
+        if t is not None:
+            t.last_seen = cid
+            if t.deliver:
+                self.metrics["delivered"] += 1
+                self.metrics["max_hop"] = max(self.metrics["max_hop"], msg.hop)
+                out.append(ev.Deliver(msg.topic, event, msg.hop))
+        out += self._flood(msg.topic, msg.block, msg.hop + 1, exclude=peer)
+        return out
+
+    def _flood(self, topic: CID, block: bytes, hop: int, exclude: PeerId | None) -> list[Any]:
+        forward = Event(topic, block, hop)
+        out: list[Any] = []
+        for member in _sorted(self._members.get(topic, ())):
+            if member != exclude and member != self.me:
+                out.append(ev.Send(member, forward))
+                self.metrics["forwarded"] += 1
+        return out
+
+    def _on_publish(self, cmd: ev.Publish, now: float) -> list[Any]:
+        t = self._topics.get(cmd.topic)
+        if t is None:
+            return [ev.PublishFailed(cmd.request, "not a member of this topic; subscribe first")]
+        topic = t.latest
+        if topic.event_linking is EventLinking.LAST_SEEN and cmd.parent is not None:
+            return [ev.PublishFailed(cmd.request, "topic links events LAST_SEEN; no parent")]
+        if not topic.may_publish(self.me):
+            # Floodsub has no request-to-publish: only allowed publishers can publish.
+            return [ev.PublishFailed(cmd.request, "not allowed to publish on this topic")]
+        parent = t.last_seen if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
+        event = EventDescriptor.create(self.identity, topic.cid, cmd.payload, parent=parent,
+                                       now=now)
+        self._remember(event.cid)
+        t.last_seen = event.cid
+        self.metrics["published"] += 1
+        out: list[Any] = [ev.StoreLocal(event.cid, event.block)]
+        if t.deliver:
+            out.append(ev.Deliver(cmd.topic, event, 0))
+        out += self._flood(cmd.topic, event.block, 1, exclude=None)
+        out.append(ev.Published(cmd.request, event))
+        return out
+
+    def _remember(self, cid: CID) -> None:
+        self._seen[cid] = None
+        if len(self._seen) > self.config.seen_limit:
+            self._seen.popitem(last=False)
+
+
+def _key(peer: PeerId) -> bytes:
+    return peer.kademlia_id()
+
+
+def _sorted(peers: Sequence[PeerId] | set[PeerId]) -> list[PeerId]:
+    return sorted(peers, key=bytes)

@@ -1,0 +1,139 @@
+"""The QoS computation: traces of testbed runs in, per (run, protocol) figures out.
+
+It holds the Spark part of the report together: one parse of the traces into a cache, a few
+small cached intermediates (publishes, first deliveries, expected pairs), then one small
+collect per family of metrics. What comes back to the driver is per protocol or per node,
+never per record, so the driver's memory does not grow with the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from .qos_delivery import (
+    CDF_GRID,
+    delivery_figures,
+    delivery_pairs,
+    first_deliveries,
+    order_violations,
+    publishes,
+)
+from .qos_read import UNREADABLE, expectations, ordered_topics, read_traces
+from .qos_traffic import NodeUse, copy_counts, node_usage, record_counts, unpublished_events
+from .report_inputs import ProtocolRun, RunInput
+
+__all__ = ["CDF_GRID", "NodeUse", "ProtocolQos", "compute_qos"]
+
+
+@dataclass(frozen=True)
+class ProtocolQos:
+    """Figures of one protocol in one run: the JSON-ready metrics and the plot series."""
+
+    run: str
+    protocol: str
+    metrics: dict[str, Any]
+    latency_quantiles: list[float] | None
+    """Latency of delivered expected pairs at the quantiles of ``CDF_GRID``; None if none."""
+    nodes: list[NodeUse]
+
+
+def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
+                say: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str], ProtocolQos]:
+    """Every metric of docs/testbed.md for every (run label, protocol) of ``runs``."""
+    keys = [(run.label, part.protocol) for run in runs for part in run.protocols]
+    parts = {(run.label, part.protocol): part for run in runs for part in run.protocols}
+    files = sum(len(part.trace_files) for part in parts.values())
+    traces = read_traces(spark, runs)
+    cached: list[DataFrame] = [traces]
+    try:
+        say(f"parsing {files} trace files of {len(runs)} run(s)")
+        counts = record_counts(traces)
+        records = traces.filter(F.col("kind") != UNREADABLE)
+        say(f"{sum(c['total'] for c in counts.values()):,} records; computing deliveries")
+        pubs = publishes(records).cache()
+        delivered = first_deliveries(records).cache()
+        pairs = delivery_pairs(pubs, expectations(spark, runs), delivered).cache()
+        cached += [pubs, delivered, pairs]
+        deliveries = delivery_figures(pubs, pairs, keys)
+        say("delivery order")
+        violations = order_violations(pubs, delivered, ordered_topics(spark, runs))
+        say("payload copies and resource use")
+        copies = copy_counts(records, pubs)
+        unpublished = unpublished_events(records, pubs)
+        usage = node_usage(records)
+    finally:
+        for frame in reversed(cached):
+            frame.unpersist()
+    result = {}
+    for key in keys:
+        figures = deliveries[key]
+        metrics = _manifest_metrics(parts[key])
+        metrics.update(figures.metrics)
+        metrics.update(_copy_metrics(copies.get(key), metrics["delivered_pairs"]))
+        metrics["order_violations"] = violations.get(key, 0)
+        metrics["events_without_publish"] = unpublished.get(key, 0)
+        metrics.update(_control_metrics(counts.get(key)))
+        nodes = usage.get(key, [])
+        metrics.update(_usage_metrics(nodes))
+        metrics["records"] = counts.get(key, {"total": 0, "by_kind": {}, "unreadable_lines": 0})
+        metrics["records"]["files"] = len(parts[key].trace_files)
+        result[key] = ProtocolQos(run=key[0], protocol=key[1], metrics=metrics,
+                                  latency_quantiles=figures.latency_quantiles, nodes=nodes)
+    return result
+
+
+def _manifest_metrics(part: ProtocolRun) -> dict[str, Any]:
+    return {
+        "nodes": len(part.nodes),
+        "topics": part.topics,
+        "subscriptions": len(part.subscriptions),
+        "faults": part.faults,
+    }
+
+
+def _copy_metrics(copies: dict[str, Any] | None, delivered: int) -> dict[str, Any]:
+    total = copies["total"] if copies else 0
+    return {
+        "rmr": total / delivered - 1 if delivered else None,
+        "copies": total,
+        "copies_by_kind": dict(sorted(copies["by_kind"].items())) if copies else {},
+        "copies_by_msg": dict(sorted(copies["by_msg"].items())) if copies else {},
+    }
+
+
+def _control_metrics(counts: dict[str, Any] | None) -> dict[str, int]:
+    by_kind = counts["by_kind"] if counts else {}
+    return {
+        "duplicates": by_kind.get("duplicate", 0),
+        "grafts": by_kind.get("graft", 0),
+        "prunes": by_kind.get("prune", 0),
+        "backfills": by_kind.get("backfill", 0),
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    return {"mean": fmean(values) if values else None, "max": max(values) if values else None}
+
+
+def _usage_metrics(nodes: list[NodeUse]) -> dict[str, Any]:
+    pubsub = [float(n.pubsub_bytes) for n in nodes]
+    dht = [float(n.dht_bytes) for n in nodes]
+    total = [float(n.total_bytes) for n in nodes]
+    cpu = [n.cpu_s for n in nodes]
+    return {
+        "bytes": {
+            "nodes_sampled": len(nodes),
+            "pubsub_total": sum(n.pubsub_bytes for n in nodes),
+            "dht_total": sum(n.dht_bytes for n in nodes),
+            "total": sum(n.total_bytes for n in nodes),
+            "per_node": {"pubsub": _spread(pubsub), "dht": _spread(dht), "total": _spread(total)},
+        },
+        "cpu_s": {**_spread(cpu), "total": sum(cpu)},
+        "rss_bytes": _spread([float(n.rss_bytes) for n in nodes]),
+    }
