@@ -20,6 +20,7 @@ leaves no nodes running behind it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -122,7 +123,11 @@ class WorkerProcess:
         self.label = label
         self.process = process
         self.progress: dict[str, Any] = {}
-        self._replies: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        # Replies come back in the order the commands were sent; each call queues its future
+        # in the same step as it writes its command, so calls from concurrent tasks pair up.
+        self._waiting: collections.deque[asyncio.Future[dict[str, Any] | None]] = (
+            collections.deque())
+        self._ended = False
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
@@ -154,12 +159,18 @@ class WorkerProcess:
                 message = json.loads(line)
                 if "progress" in message:
                     self.progress = message["progress"]
-                else:
-                    self._replies.put_nowait(message)
+                elif self._waiting:
+                    future = self._waiting.popleft()
+                    if not future.done():
+                        future.set_result(message)
         except (ValueError, asyncio.LimitOverrunError) as exc:
             print(f"{self.label}: unreadable output ({exc!r})", file=sys.stderr)
         finally:
-            self._replies.put_nowait(None)  # end of stream: no reply will come
+            self._ended = True  # end of stream: no reply will come
+            while self._waiting:
+                future = self._waiting.popleft()
+                if not future.done():
+                    future.set_result(None)
 
     @property
     def alive(self) -> bool:
@@ -168,14 +179,18 @@ class WorkerProcess:
     async def call(self, command: str, **arguments: Any) -> dict[str, Any]:
         """Send one command and wait for its reply; a worker error becomes a RuntimeError."""
         assert self.process.stdin is not None
+        if self._ended:
+            raise RuntimeError(f"{self.label} has exited (before {command!r})")
+        future: asyncio.Future[dict[str, Any] | None] = (
+            asyncio.get_running_loop().create_future())
+        self._waiting.append(future)
         try:
             self.process.stdin.write(json.dumps({"cmd": command, **arguments}).encode() + b"\n")
             await self.process.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             raise RuntimeError(f"{self.label} is gone (during {command!r})") from None
-        reply = await self._replies.get()
+        reply = await future
         if reply is None:
-            self._replies.put_nowait(None)
             raise RuntimeError(f"{self.label} exited during {command!r}")
         if not reply["ok"]:
             raise RuntimeError(f"{self.label}: {reply['error']}")

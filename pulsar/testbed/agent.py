@@ -46,6 +46,8 @@ __all__ = ["main"]
 log = logging.getLogger("pulsar.testbed.agent")
 
 SAMPLE_EVERY = 1.0
+FLUSH_EVERY = 0.25
+"""A crash (SIGKILL) loses at most this much of the trace, as it would lose a log's tail."""
 
 
 class _Agent(CommandWorker):
@@ -187,9 +189,13 @@ class _Agent(CommandWorker):
                       dht.bytes_received)
 
     async def _sampler(self) -> None:
+        ticks_per_sample = round(SAMPLE_EVERY / FLUSH_EVERY)
+        tick = 0
         while True:
-            await asyncio.sleep(SAMPLE_EVERY)  # a sampling period, not synchronisation
-            self._sample()
+            await asyncio.sleep(FLUSH_EVERY)  # a sampling period, not synchronisation
+            tick += 1
+            if tick % ticks_per_sample == 0:
+                self._sample()
             if self.tracer is not None:
                 self.tracer.writer.flush()
 

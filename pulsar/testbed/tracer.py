@@ -21,11 +21,32 @@ __all__ = ["NodeTracer"]
 
 
 class NodeTracer(Tracer):
+    """Text forms are cached: a peer id's base58 and a CID's base32 cost more than the rest
+    of a record, and the same few peers, topics and events recur in every record."""
+
     def __init__(self, writer: TraceWriter, life: int = 0) -> None:
         self.writer = writer
         self.life = life
         self._seen: set[CID] = set()
-        self._hops: dict[CID, int] = {}
+        self._text: dict[object, str] = {}
+        self._last_sent: tuple[bytes, str] | None = None
+
+    def _str(self, value: object) -> str:
+        text = self._text.get(value)
+        if text is None:
+            if len(self._text) > 200_000:
+                self._text.clear()
+            text = self._text[value] = str(value)
+        return text
+
+    def _block_cid(self, block: bytes) -> str:
+        # One EVENT message object is sent to every neighbour in turn: hash it once.
+        last = self._last_sent
+        if last is not None and last[0] is block:
+            return last[1]
+        text = self._str(cid_of(block))
+        self._last_sent = (block, text)
+        return text
 
     # ------------------------------------------------------------------ hooks
 
@@ -33,34 +54,36 @@ class NodeTracer(Tracer):
         kind = type(message)
         if kind is Event:
             assert isinstance(message, Event)
-            self.writer.write("send", peer=str(peer), topic=str(message.topic),
-                              event=str(cid_of(message.block)), hop=message.hop, bytes=size,
-                              msg="event")
+            self.writer.write("send", peer=self._str(peer), topic=self._str(message.topic),
+                              event=self._block_cid(message.block), hop=message.hop,
+                              bytes=size, msg="event")
         elif kind is Graft:
             assert isinstance(message, Graft)
             event = str(message.event) if message.event is not None else None
-            self.writer.write("graft", peer=str(peer), topic=str(message.topic), event=event,
-                              bytes=size)
+            self.writer.write("graft", peer=self._str(peer), topic=self._str(message.topic),
+                              event=event, bytes=size)
         elif kind is Prune:
             assert isinstance(message, Prune)
-            self.writer.write("prune", peer=str(peer), topic=str(message.topic), bytes=size)
+            self.writer.write("prune", peer=self._str(peer), topic=self._str(message.topic),
+                              bytes=size)
         elif kind is Want:
             assert isinstance(message, Want)
-            self.writer.write("backfill", peer=str(peer), topic=str(message.topic),
-                              event=str(message.head), bytes=size)
+            self.writer.write("backfill", peer=self._str(peer), topic=self._str(message.topic),
+                              event=self._str(message.head), bytes=size)
 
     def received(self, peer: PeerId, message: object, size: int) -> None:
         kind = type(message)
         if kind is Event:
             assert isinstance(message, Event)
-            self._copy(cid_of(message.block), str(peer), message.topic, message.hop, size,
+            self._copy(cid_of(message.block), self._str(peer), message.topic, message.hop, size,
                        "event")
         elif kind is Blocks:
             assert isinstance(message, Blocks)
             if message.blocks:
                 share = size // len(message.blocks)
                 for block in message.blocks:
-                    self._copy(cid_of(block), str(peer), message.topic, None, share, "blocks")
+                    self._copy(cid_of(block), self._str(peer), message.topic, None, share,
+                               "blocks")
 
     def fetched(self, cid: CID, block: bytes) -> None:
         # Only event blocks are copies (topic descriptors are fetched the same way).
@@ -77,12 +100,12 @@ class NodeTracer(Tracer):
             self._copy(cid, None, topic, None, len(block), "dht")
 
     def delivered(self, topic: CID, event: EventDescriptor, hop: int) -> None:
-        self.writer.write("deliver", topic=str(topic), event=str(event.cid), hop=hop)
+        self.writer.write("deliver", topic=self._str(topic), event=self._str(event.cid), hop=hop)
 
     def published(self, event: EventDescriptor) -> None:
         self._seen.add(event.cid)
         size = len(event.payload) if isinstance(event.payload, bytes) else None
-        self.writer.write("publish", topic=str(event.topic), event=str(event.cid),
+        self.writer.write("publish", topic=self._str(event.topic), event=self._str(event.cid),
                           parent=str(event.parent) if event.parent else None, bytes=size)
 
     # ------------------------------------------------------------------ resources
@@ -97,5 +120,5 @@ class NodeTracer(Tracer):
               via: str) -> None:
         kind = "duplicate" if cid in self._seen else "receive"
         self._seen.add(cid)
-        self.writer.write(kind, peer=peer, topic=str(topic) if topic else None, event=str(cid),
-                          hop=hop, bytes=size, msg=via)
+        self.writer.write(kind, peer=peer, topic=self._str(topic) if topic else None,
+                          event=self._str(cid), hop=hop, bytes=size, msg=via)

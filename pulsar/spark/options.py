@@ -1,0 +1,257 @@
+"""The data source's options, checked once into frozen dataclasses.
+
+Spark hands options over as a case-insensitive map of strings. Everything is checked here,
+before any network call, so a typo or a bad value fails at ``load()`` / ``save()`` with a
+message naming the option — unknown options included, because a misspelt
+``startingOffset`` silently reading from ``latest`` is worse than an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+from urllib.parse import urlsplit
+
+from .errors import PulsarcastSparkError
+from .offsets import (
+    EARLIEST,
+    LATEST,
+    Bound,
+    OffsetsSpec,
+    normalise_cid,
+    parse_offsets,
+    parse_timestamp,
+)
+
+__all__ = [
+    "Endpoint",
+    "ReadOptions",
+    "WriteOptions",
+    "ending_bound",
+    "read_options",
+    "starting_bound",
+    "write_options",
+]
+
+MAX_TOPICS: Final = 100
+DEFAULT_TIMEOUT_S: Final = 30.0
+DEFAULT_EVENTS_PER_PARTITION: Final = 10_000
+DEFAULT_MAX_IN_FLIGHT: Final = 8
+DEFAULT_PUBLISH_RETRIES: Final = 2
+
+_COMMON: Final = {"endpoint", "token", "requesttimeout"}
+_READ: Final = _COMMON | {
+    "topic", "topics", "startingoffsets", "endingoffsets", "startingtimestamp",
+    "endingtimestamp", "maxeventspertrigger", "maxeventsperpartition", "minpartitions",
+    "subscribe",
+}
+_WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "checkpointlocation"}
+_SPELLING: Final = {name.lower(): name for name in (
+    "endpoint", "token", "requestTimeout", "topic", "topics", "startingOffsets",
+    "endingOffsets", "startingTimestamp", "endingTimestamp", "maxEventsPerTrigger",
+    "maxEventsPerPartition", "minPartitions", "subscribe", "maxInFlight", "publishRetries",
+    "checkpointLocation")}
+
+Subscribe = Literal["no", "yes", "replay"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a node's REST API is and how to talk to it; picklable, so it travels to the
+    executors inside partitions and writers (the token with it, inside Spark's own task
+    serialisation)."""
+
+    url: str
+    token: str | None = None
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    def __repr__(self) -> str:  # never print the token into Spark's logs
+        return f"Endpoint({self.url!r}, token={'***' if self.token else None})"
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    endpoint: Endpoint
+    topics: tuple[str, ...]
+    """The topic CIDs as given (canonical text form), in the order given."""
+    starting: OffsetsSpec
+    ending: OffsetsSpec
+    starting_timestamp: float | None
+    ending_timestamp: float | None
+    max_events_per_trigger: int | None
+    max_events_per_partition: int
+    min_partitions: int
+    subscribe: Subscribe
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    endpoint: Endpoint
+    topic: str | None
+    """The ``topic`` option; when set it wins over a ``topic`` column, as in Kafka's sink."""
+    max_in_flight: int
+    publish_retries: int
+
+
+def _check_known(options: Mapping[str, str], known: frozenset[str] | set[str],
+                 what: str) -> None:
+    unknown = sorted(k for k in options if k.lower() not in known)
+    if unknown:
+        names = ", ".join(sorted(_SPELLING[k] for k in known))
+        raise PulsarcastSparkError("INVALID_OPTION", f"unknown {what} option(s) "
+                                   f"{', '.join(unknown)}; the options are: {names}")
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name.lower())
+    return None if value is None else str(value)
+
+
+def _int(options: Mapping[str, str], name: str, default: int | None, low: int, high: int
+         ) -> int | None:
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise PulsarcastSparkError("INVALID_OPTION", f"{name} must be an integer, got "
+                                   f"{raw!r}") from None
+    if not low <= value <= high:
+        raise PulsarcastSparkError("INVALID_OPTION", f"{name} must be in {low}..{high}, got "
+                                   f"{value}")
+    return value
+
+
+def _endpoint(options: Mapping[str, str]) -> Endpoint:
+    url = _get(options, "endpoint")
+    if url is None or not url.strip():
+        raise PulsarcastSparkError("MISSING_OPTION", "option 'endpoint' is required: the base "
+                                   "URL of a node's REST API, e.g. http://127.0.0.1:8701")
+    url = url.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment:
+        raise PulsarcastSparkError("INVALID_OPTION", f"endpoint must be an http(s) URL such "
+                                   f"as http://127.0.0.1:8701, got {url!r}")
+    try:
+        parts.port  # noqa: B018 - raises on a port out of range
+    except ValueError:
+        raise PulsarcastSparkError("INVALID_OPTION", f"endpoint has a bad port: "
+                                   f"{url!r}") from None
+    token = _get(options, "token")
+    raw_timeout = _get(options, "requestTimeout")
+    timeout = DEFAULT_TIMEOUT_S
+    if raw_timeout is not None:
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            timeout = -1.0
+        if not 0 < timeout <= 3600:
+            raise PulsarcastSparkError("INVALID_OPTION", "requestTimeout must be seconds in "
+                                       f"(0, 3600], got {raw_timeout!r}")
+    return Endpoint(url, token.strip() if token and token.strip() else None, timeout)
+
+
+def _topics(options: Mapping[str, str]) -> tuple[str, ...]:
+    one, many = _get(options, "topic"), _get(options, "topics")
+    if one is not None and many is not None:
+        raise PulsarcastSparkError("INVALID_OPTION", "give either 'topic' or 'topics', not "
+                                   "both")
+    if one is None and many is None:
+        raise PulsarcastSparkError("MISSING_OPTION", "option 'topic' (a topic CID) or "
+                                   "'topics' (comma-separated CIDs) is required")
+    raw = [one] if one is not None else (many or "").split(",")
+    names = [r.strip() for r in raw if r.strip()]
+    if not names:
+        raise PulsarcastSparkError("MISSING_OPTION", "'topic'/'topics' names no topic")
+    if len(names) > MAX_TOPICS:
+        raise PulsarcastSparkError("INVALID_OPTION", f"at most {MAX_TOPICS} topics per query")
+    topics: list[str] = []
+    for name in names:
+        cid = normalise_cid(name, "topic")
+        if cid not in topics:
+            topics.append(cid)
+    return tuple(topics)
+
+
+def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
+    """Check the options of a read; ``streaming`` None checks what both kinds accept (Spark
+    asks for the schema before it says which kind of read it plans)."""
+    _check_known(options, _READ, "read")
+    endpoint = _endpoint(options)
+    topics = _topics(options)
+    start_default = LATEST if streaming else EARLIEST
+    raw_start = _get(options, "startingOffsets")
+    starting = (OffsetsSpec(start_default) if raw_start is None
+                else parse_offsets(raw_start, "startingOffsets", topics, start_default))
+    raw_end = _get(options, "endingOffsets")
+    raw_end_ts = _get(options, "endingTimestamp")
+    if streaming and (raw_end is not None or raw_end_ts is not None):
+        raise PulsarcastSparkError("INVALID_OPTION", "endingOffsets/endingTimestamp are for "
+                                   "batch reads; a stream has no end")
+    ending = (OffsetsSpec(LATEST) if raw_end is None
+              else parse_offsets(raw_end, "endingOffsets", topics, LATEST))
+    if any(b.kind == "earliest" for b in (ending.default, *(b for _, b in ending.per_topic))):
+        raise PulsarcastSparkError("INVALID_OPTION", "endingOffsets cannot be earliest (as in "
+                                   "Kafka): the range would be empty")
+    raw_ts = _get(options, "startingTimestamp")
+    per_trigger = _int(options, "maxEventsPerTrigger", None, 1, 10**9)
+    if per_trigger is not None and streaming is False:
+        raise PulsarcastSparkError("INVALID_OPTION", "maxEventsPerTrigger is for streaming "
+                                   "reads")
+    subscribe = (_get(options, "subscribe") or "false").strip().lower()
+    if subscribe not in ("false", "true", "replay"):
+        raise PulsarcastSparkError("INVALID_OPTION", "subscribe must be false, true or replay")
+    if subscribe != "false" and streaming is False:
+        raise PulsarcastSparkError("INVALID_OPTION", "subscribe is for streaming reads (a "
+                                   "batch read reads the log the node already has)")
+    mode: Subscribe = {"false": "no", "true": "yes", "replay": "replay"}[subscribe]  # type: ignore[assignment]
+    if mode != "no" and endpoint.token is None:
+        raise PulsarcastSparkError("MISSING_OPTION", "subscribe needs the node's API 'token' "
+                                   "(subscribing changes the node's state)")
+    return ReadOptions(
+        endpoint=endpoint,
+        topics=topics,
+        starting=starting,
+        ending=ending,
+        starting_timestamp=None if raw_ts is None else parse_timestamp(raw_ts,
+                                                                       "startingTimestamp"),
+        ending_timestamp=None if raw_end_ts is None else parse_timestamp(raw_end_ts,
+                                                                         "endingTimestamp"),
+        max_events_per_trigger=per_trigger,
+        max_events_per_partition=_int(options, "maxEventsPerPartition",
+                                      DEFAULT_EVENTS_PER_PARTITION, 1, 10**9) or 1,
+        min_partitions=_int(options, "minPartitions", 1, 1, 10_000) or 1,
+        subscribe=mode,
+    )
+
+
+def write_options(options: Mapping[str, str]) -> WriteOptions:
+    _check_known(options, _WRITE, "write")
+    endpoint = _endpoint(options)
+    if endpoint.token is None:
+        raise PulsarcastSparkError("MISSING_OPTION", "option 'token' is required to write: "
+                                   "publishing needs the node's API token")
+    topic = _get(options, "topic")
+    return WriteOptions(
+        endpoint=endpoint,
+        topic=None if topic is None else normalise_cid(topic, "topic"),
+        max_in_flight=_int(options, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, 1, 64) or 1,
+        publish_retries=_int(options, "publishRetries", DEFAULT_PUBLISH_RETRIES, 0, 10) or 0,
+    )
+
+
+def starting_bound(options: ReadOptions, given: str, root: str) -> Bound:
+    """The start of one topic: ``startingTimestamp`` wins over ``startingOffsets`` (Kafka's
+    precedence)."""
+    if options.starting_timestamp is not None:
+        return Bound("time", options.starting_timestamp)
+    return options.starting.for_topic(given, root)
+
+
+def ending_bound(options: ReadOptions, given: str, root: str) -> Bound:
+    if options.ending_timestamp is not None:
+        return Bound("time", options.ending_timestamp)
+    return options.ending.for_topic(given, root)

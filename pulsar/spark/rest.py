@@ -1,0 +1,288 @@
+"""The node's REST API as the data source uses it, on :mod:`api.client`.
+
+Spark calls the data source from plain threads in Python worker processes, never from an
+event loop, while :class:`api.client.PulsarcastClient` is asyncio. Each user of this module
+(:class:`NodeApi` for planning, :func:`read_range` for one partition, the writer for one
+task) therefore runs the async client on a **private event loop in the calling thread**:
+no helper thread, no per-event hop between threads, and nothing left behind when the call
+returns. Nothing here survives pickling — :class:`NodeApi` drops its loop and connections
+in ``__getstate__`` — because Spark pickles readers and writers to send them to executors.
+
+Every failure leaves this module as a :class:`PulsarcastSparkError` with a code:
+problem documents by their type, connection failures as ``UNREACHABLE``, anything
+malformed as ``NODE_ERROR``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Final, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+import pyarrow as pa
+from aiohttp.http_exceptions import HttpProcessingError
+
+from api.client import ApiError, PulsarcastClient
+
+from .errors import PulsarcastSparkError
+from .options import Endpoint
+from .schema import parse_block, seq_of
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "UNREACHABLE_ERRORS",
+    "NodeApi",
+    "open_client",
+    "read_range",
+    "translate",
+]
+
+T = TypeVar("T")
+
+MAX_LINE_BYTES: Final = 4 * 1024 * 1024
+"""Longest NDJSON line accepted: an event with the largest payload the API takes (1 MiB,
+1.4 MB as base64) fits with room to spare, and a runaway line stops here. (aiohttp's
+default, 128 KiB, would refuse events with payloads over ~95 KiB.)"""
+BLOCK_BYTES: Final = 2 * 1024 * 1024
+"""NDJSON bytes parsed into one record batch (~2,800 events of 256-byte payloads)."""
+IDLE_TIMEOUT_S: Final = 60.0
+
+_PROBLEM_CODES: Final = {
+    "topic-not-found": "TOPIC_NOT_FOUND",
+    "event-not-found": "EVENT_NOT_FOUND",
+    "not-subscribed": "NOT_SUBSCRIBED",
+    "unauthorized": "UNAUTHORIZED",
+    "invalid-cid": "INVALID_OPTION",
+    "invalid-field": "INVALID_OPTION",
+    "publish-refused": "PUBLISH_FAILED",
+    "payload-too-large": "INVALID_ROW",
+}
+UNREACHABLE_ERRORS: Final = (aiohttp.ClientConnectionError, TimeoutError, ConnectionError,
+                              OSError)
+
+
+def translate(exc: BaseException, endpoint: Endpoint, doing: str) -> PulsarcastSparkError:
+    """One error for whatever went wrong while ``doing`` something with the node."""
+    if isinstance(exc, PulsarcastSparkError):
+        return exc
+    if isinstance(exc, ApiError):
+        code = _PROBLEM_CODES.get(exc.kind, "NODE_ERROR")
+        return PulsarcastSparkError(code, f"{doing}: the node at {endpoint.url} answered "
+                                    f"{exc.status} {exc.kind}: {exc.detail}")
+    if isinstance(exc, aiohttp.ClientResponseError):  # 5xx on a stream, a bad content type
+        return PulsarcastSparkError("NODE_ERROR", f"{doing}: the node at {endpoint.url} "
+                                    f"answered {exc.status} {exc.message}")
+    if isinstance(exc, UNREACHABLE_ERRORS):
+        return PulsarcastSparkError("UNREACHABLE", f"{doing}: cannot reach the node's REST "
+                                    f"API at {endpoint.url}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, HttpProcessingError | aiohttp.ClientPayloadError | ValueError
+                  | KeyError | TypeError):
+        return PulsarcastSparkError("NODE_ERROR", f"{doing}: unexpected answer from "
+                                    f"{endpoint.url}: {type(exc).__name__}: {exc}")
+    raise exc
+
+
+async def open_client(endpoint: Endpoint) -> PulsarcastClient:
+    """A client on a session of our own: its read buffer bounds NDJSON lines at
+    :data:`MAX_LINE_BYTES` (aiohttp refuses a longer line) and it must be made inside the
+    loop that will use it."""
+    session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=endpoint.timeout),
+        read_bufsize=MAX_LINE_BYTES // 2,
+    )
+    return PulsarcastClient(endpoint.url, endpoint.token, session, timeout=endpoint.timeout)
+
+
+class _Loop:
+    """A private event loop and one client, for blocking calls from the current thread."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.client = self.loop.run_until_complete(open_client(endpoint))
+
+    def run(self, work: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(work)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            self.loop.run_until_complete(self.client.session.close())
+        finally:
+            self.loop.close()
+
+
+def _json_object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return value
+
+
+def _newest_seq(page: Any) -> int:
+    """The position of the one event of a ``limit=1`` page, 0 if it is empty."""
+    events = _json_object(page, "history page").get("events")
+    if not isinstance(events, list):
+        raise ValueError("history page has no events list")
+    if not events:
+        return 0
+    return seq_of(events[0])
+
+
+class NodeApi:
+    """Blocking questions about a node's logs, for planning on the driver side.
+
+    Created freely (no connection until the first call), closed with :meth:`close`, and
+    reduced to its endpoint when pickled.
+    """
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._loop: _Loop | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.endpoint = state["endpoint"]
+        self._loop = None
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def _call(self, doing: str, work: Callable[[PulsarcastClient], Awaitable[T]]) -> T:
+        try:
+            if self._loop is None:
+                self._loop = _Loop(self.endpoint)
+            return self._loop.run(work(self._loop.client))
+        except Exception as exc:
+            raise translate(exc, self.endpoint, doing) from None
+
+    def topic_root(self, topic: str) -> tuple[str, int]:
+        """The CID of the topic's first version, which names its log, and the newest
+        position of that log (0 if empty). ``TOPIC_NOT_FOUND`` if the node knows no such
+        topic, locally or in the DHT."""
+        page = self._call(f"looking up topic {topic}", lambda c: c.history_page(
+            topic, direction="backward", limit=1))
+        root = _json_object(page, "history page").get("topic")
+        if type(root) is not str or not 0 < len(root) <= 256:
+            raise translate(ValueError("history page names no topic"), self.endpoint,
+                            f"looking up topic {topic}")
+        return root, self._checked(lambda: _newest_seq(page), f"looking up topic {topic}")
+
+    def _checked(self, parse: Callable[[], T], doing: str) -> T:
+        try:
+            return parse()
+        except Exception as exc:
+            raise translate(exc, self.endpoint, doing) from None
+
+    def last_positions(self, topics: list[str]) -> dict[str, int]:
+        """The newest position of each topic's log (the subscriptions list answers for the
+        followed topics in one call; the others are asked one by one)."""
+        doing = "reading the node's log positions"
+        subs = self._call(doing, lambda c: c.subscriptions())
+        known: dict[str, int] = {}
+        for sub in self._checked(lambda: list(subs), doing):
+            if isinstance(sub, dict) and sub.get("topic") in topics \
+                    and type(sub.get("position")) is int and sub["position"] >= 0:
+                known[sub["topic"]] = sub["position"]
+        for topic in topics:
+            if topic not in known:
+                known[topic] = self.topic_root(topic)[1]
+        return {t: known[t] for t in topics}
+
+    def subscribed(self) -> set[str]:
+        doing = "listing the node's subscriptions"
+        subs = self._call(doing, lambda c: c.subscriptions())
+        return {s["topic"] for s in subs if isinstance(s, dict) and type(s.get("topic")) is str}
+
+    def subscribe(self, topic: str, *, replay: bool) -> None:
+        self._call(f"subscribing the node to {topic}",
+                   lambda c: c.subscribe(topic, replay=replay))
+
+    def position_before(self, topic: str, event: str) -> int:
+        doing = f"finding event {event} in the log of {topic}"
+        page = self._call(doing, lambda c: c.history_page(
+            topic, cursor=event, direction="backward", limit=1))
+        return self._checked(lambda: _newest_seq(page), doing)
+
+    def first_position_at(self, topic: str, when: float) -> int | None:
+        doing = f"finding the first event of {topic} delivered at or after {when}"
+        page = self._call(doing, lambda c: c.history_page(topic, since=repr(when), limit=1))
+        seq = self._checked(lambda: _newest_seq(page), doing)
+        return seq or None
+
+
+async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limit: int
+                         ) -> AsyncIterator[bytes]:
+    """The NDJSON history after ``cursor`` in blocks of whole lines, about
+    :data:`BLOCK_BYTES` each. This one call does not go through
+    :meth:`PulsarcastClient.history_ndjson`, which parses each line into a dict: the rows
+    are parsed by Arrow from the raw bytes instead (see :mod:`.schema`). The client's
+    session, URL and problem parsing are still the ones used."""
+    url = f"{client.base_url}/v1/topics/{quote(topic, safe='')}/events"
+    params = {"cursor": str(cursor), "limit": str(limit), "format": "ndjson"}
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=IDLE_TIMEOUT_S)
+    async with client.session.get(url, params=params, timeout=timeout,
+                                  headers={"Accept": "application/x-ndjson"}) as response:
+        if response.status >= 400:
+            raise await ApiError.from_response(response)
+        pending = bytearray()
+        async for chunk in response.content.iter_any():
+            pending += chunk
+            if len(pending) < BLOCK_BYTES:
+                continue
+            cut = pending.rfind(b"\n") + 1
+            if cut == 0:
+                if len(pending) > MAX_LINE_BYTES:
+                    raise ValueError(f"a history line is longer than {MAX_LINE_BYTES} bytes")
+                continue
+            yield bytes(pending[:cut])
+            del pending[:cut]
+        if pending.strip():
+            if len(pending) > MAX_LINE_BYTES:
+                raise ValueError(f"a history line is longer than {MAX_LINE_BYTES} bytes")
+            yield bytes(pending) + b"\n"
+
+
+def read_range(endpoint: Endpoint, topic: str, start: int, end: int
+               ) -> Iterator[pa.RecordBatch]:
+    """Positions ``start <= seq < end`` of the log of ``topic`` as record batches, from one
+    NDJSON response (``cursor=start-1``, ``limit=end-start``: positions whose event was
+    pruned are skipped by the node, so the limit can only over-reach, and whatever lies at
+    or beyond ``end`` is dropped, and the response closed)."""
+    if end <= start:
+        return
+    doing = f"reading positions {start}..{end - 1} of {topic}"
+    runner: _Loop | None = None
+    blocks: AsyncIterator[bytes] | None = None
+    try:
+        try:
+            runner = _Loop(endpoint)
+            blocks = _ndjson_blocks(runner.client, topic, start - 1, end - start)
+        except Exception as exc:
+            raise translate(exc, endpoint, doing) from None
+        previous = start - 1
+        while True:
+            try:
+                block = runner.run(anext(blocks, None))
+            except Exception as exc:
+                raise translate(exc, endpoint, doing) from None
+            if block is None:
+                return
+            parsed = parse_block(block, topic, previous, end)
+            previous = parsed.last_seq
+            if parsed.batch is not None:
+                yield parsed.batch
+            if parsed.reached_end:
+                return
+    finally:
+        if runner is not None:
+            if blocks is not None:
+                aclose = getattr(blocks, "aclose", None)
+                if aclose is not None:
+                    runner.run(aclose())
+            runner.close()
