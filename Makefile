@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench clean
+.PHONY: test run lint bench evaluation clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/pulsarcast bench codec
+
+# The testbed's default scenarios, Pulsarcast against Floodsub, and their QoS report
+# (docs/evaluation.md); about 40 minutes on 2 cores.
+SCENARIOS := baseline latency churn order
+evaluation: $(STAMP)
+	for s in $(SCENARIOS); do $(VENV)/bin/pulsarcast testbed run scenarios/$$s.toml --out runs/$$s || exit 1; done
+	$(VENV)/bin/pulsarcast report $(addprefix runs/,$(SCENARIOS)) --out docs/evaluation-report
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -43,8 +43,7 @@ T = TypeVar("T")
 
 MAX_LINE_BYTES: Final = 4 * 1024 * 1024
 """Longest NDJSON line accepted: an event with the largest payload the API takes (1 MiB,
-1.4 MB as base64) fits with room to spare, and a runaway line stops here. (aiohttp's
-default, 128 KiB, would refuse events with payloads over ~95 KiB.)"""
+1.4 MB as base64) fits with room to spare, and a runaway line stops here."""
 BLOCK_BYTES: Final = 2 * 1024 * 1024
 """NDJSON bytes parsed into one record batch (~2,800 events of 256-byte payloads)."""
 IDLE_TIMEOUT_S: Final = 60.0
@@ -85,9 +84,11 @@ def translate(exc: BaseException, endpoint: Endpoint, doing: str) -> PulsarcastS
 
 
 async def open_client(endpoint: Endpoint) -> PulsarcastClient:
-    """A client on a session of our own: its read buffer bounds NDJSON lines at
-    :data:`MAX_LINE_BYTES` (aiohttp refuses a longer line) and it must be made inside the
-    loop that will use it."""
+    """A client on a session of our own, made inside the loop that will use it (aiohttp
+    sessions belong to one loop). Its larger read buffer hands history over in bigger
+    chunks, and lets line-based reads take lines up to :data:`MAX_LINE_BYTES`: with
+    aiohttp's default a line stops at 512 KiB, and an event whose payload is over ~390 KB
+    (the API takes up to 1 MiB) would not fit."""
     session = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=endpoint.timeout),
         read_bufsize=MAX_LINE_BYTES // 2,
@@ -100,7 +101,11 @@ class _Loop:
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.loop = asyncio.new_event_loop()
-        self.client = self.loop.run_until_complete(open_client(endpoint))
+        try:
+            self.client = self.loop.run_until_complete(open_client(endpoint))
+        except BaseException:
+            self.loop.close()
+            raise
 
     def run(self, work: Awaitable[T]) -> T:
         return self.loop.run_until_complete(work)
@@ -165,13 +170,17 @@ class NodeApi:
         """The CID of the topic's first version, which names its log, and the newest
         position of that log (0 if empty). ``TOPIC_NOT_FOUND`` if the node knows no such
         topic, locally or in the DHT."""
-        page = self._call(f"looking up topic {topic}", lambda c: c.history_page(
-            topic, direction="backward", limit=1))
-        root = _json_object(page, "history page").get("topic")
-        if type(root) is not str or not 0 < len(root) <= 256:
-            raise translate(ValueError("history page names no topic"), self.endpoint,
-                            f"looking up topic {topic}")
-        return root, self._checked(lambda: _newest_seq(page), f"looking up topic {topic}")
+        doing = f"looking up topic {topic}"
+        page = self._call(doing, lambda c: c.history_page(topic, direction="backward",
+                                                          limit=1))
+
+        def parse() -> tuple[str, int]:
+            root = _json_object(page, "history page").get("topic")
+            if type(root) is not str or not 0 < len(root) <= 256:
+                raise ValueError("the history page names no topic")
+            return root, _newest_seq(page)
+
+        return self._checked(parse, doing)
 
     def _checked(self, parse: Callable[[], T], doing: str) -> T:
         try:
@@ -184,11 +193,16 @@ class NodeApi:
         followed topics in one call; the others are asked one by one)."""
         doing = "reading the node's log positions"
         subs = self._call(doing, lambda c: c.subscriptions())
-        known: dict[str, int] = {}
-        for sub in self._checked(lambda: list(subs), doing):
-            if isinstance(sub, dict) and sub.get("topic") in topics \
-                    and type(sub.get("position")) is int and sub["position"] >= 0:
-                known[sub["topic"]] = sub["position"]
+
+        def parse() -> dict[str, int]:
+            known: dict[str, int] = {}
+            for sub in subs:
+                if isinstance(sub, dict) and sub.get("topic") in topics \
+                        and type(sub.get("position")) is int and sub["position"] >= 0:
+                    known[sub["topic"]] = sub["position"]
+            return known
+
+        known = self._checked(parse, doing)
         for topic in topics:
             if topic not in known:
                 known[topic] = self.topic_root(topic)[1]
@@ -197,7 +211,8 @@ class NodeApi:
     def subscribed(self) -> set[str]:
         doing = "listing the node's subscriptions"
         subs = self._call(doing, lambda c: c.subscriptions())
-        return {s["topic"] for s in subs if isinstance(s, dict) and type(s.get("topic")) is str}
+        return self._checked(lambda: {s["topic"] for s in subs if isinstance(s, dict)
+                                      and type(s.get("topic")) is str}, doing)
 
     def subscribe(self, topic: str, *, replay: bool) -> None:
         self._call(f"subscribing the node to {topic}",

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import io
+import itertools
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -133,10 +134,10 @@ def parse_block(block: bytes, topic: str, previous: int, end: int) -> ParsedBloc
     if table.num_rows == 0:
         return ParsedBlock(None, previous, False)
     _check(table)
-    seqs = table.column("seq").to_numpy()
-    if seqs[0] <= previous or (len(seqs) > 1 and not (np.diff(seqs) > 0).all()):
-        raise _bad(f"positions are not increasing (after {previous}: {seqs[:3].tolist()}...)")
-    keep = int(np.searchsorted(seqs, end))  # rows at or beyond the end are not ours
+    seqs: list[int] = table.column("seq").to_pylist()
+    if seqs[0] <= previous or any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise _bad(f"positions are not increasing (after {previous}: {seqs[:3]}...)")
+    keep = bisect.bisect_left(seqs, end)  # rows at or beyond the end are not ours
     reached = keep < len(seqs)
     if keep == 0:
         return ParsedBlock(None, previous, True)

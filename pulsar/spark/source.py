@@ -7,13 +7,17 @@ stream reader lives in one long-lived driver-side worker for the whole query
 (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``), while its ``read`` runs in
 executors from a fresh copy. So readers hold options and plain data only, connections are
 opened inside each call, and a partition is a picklable ``(topic, start, end)``.
+
+The HTTP client (:mod:`.rest`) is imported where a call is made, not here: Spark starts a
+fresh Python process for ``schema()`` at every ``load()`` and for every commit, and each
+pays for every import of this module (the client was half of it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -36,9 +40,11 @@ from pyspark.sql.types import StructType
 from .errors import PulsarcastSparkError
 from .offsets import Range, admit, resolve_bound, split_ranges
 from .options import ReadOptions, ending_bound, read_options, starting_bound, write_options
-from .rest import NodeApi, read_range
 from .schema import SCHEMA
 from .writer import BatchWriter, StreamWriter
+
+if TYPE_CHECKING:
+    from .rest import NodeApi
 
 __all__ = [
     "BatchReader",
@@ -66,6 +72,8 @@ def _partitions(ranges: Sequence[Range], options: ReadOptions) -> list[RangePart
 def _read(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     # Spark reads a placeholder partition when planning returned none (an empty range).
     if isinstance(partition, RangePartition):
+        from .rest import read_range
+
         yield from read_range(options.endpoint, partition.topic, partition.start,
                               partition.end)
 
@@ -96,6 +104,8 @@ class BatchReader(DataSourceReader):
 
     def plan(self) -> list[Range]:
         """One range per topic, resolved against the node."""
+        from .rest import NodeApi
+
         api = NodeApi(self.options.endpoint)
         try:
             ranges = []
@@ -142,6 +152,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def api(self) -> NodeApi:
         if self._api is None:
+            from .rest import NodeApi
+
             self._api = NodeApi(self.options.endpoint)
         return self._api
 

@@ -11,14 +11,12 @@ many events the task had already published.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import pyarrow as pa
-from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -26,17 +24,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from api.client import ApiError, PulsarcastClient
-
 from .errors import PulsarcastSparkError
 from .options import WriteOptions
-from .rest import UNREACHABLE_ERRORS, NodeApi, open_client, translate
 
-__all__ = ["BatchWriter", "PublishedEvents", "StreamWriter", "publish_batches"]
+__all__ = ["BatchWriter", "PublishedEvents", "StreamWriter", "check_columns"]
 
 log = logging.getLogger("pulsar.spark")
-
-RETRY_BACKOFF_S: Final = 0.2
 
 
 @dataclass
@@ -47,14 +40,6 @@ class PublishedEvents(WriterCommitMessage):
     attempt: int
     topics: list[str] = field(default_factory=list)
     cids: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _Row:
-    index: int
-    topic: str
-    payload: bytes | str
-    parent: str | None
 
 
 def check_columns(schema: StructType, options: WriteOptions) -> None:
@@ -78,124 +63,11 @@ def check_columns(schema: StructType, options: WriteOptions) -> None:
                                    "or a 'topic' column (the option wins when both are there)")
 
 
-def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None) -> list[_Row]:
-    names = batch.schema.names
-    payloads = batch.column(names.index("payload")).to_pylist()
-    topics = (batch.column(names.index("topic")).to_pylist()
-              if topic_option is None else None)
-    parents = (batch.column(names.index("parent")).to_pylist()
-               if "parent" in names else None)
-    rows = []
-    for i, payload in enumerate(payloads):
-        index = first + i
-        if payload is None:
-            raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has a null "
-                                       "payload")
-        topic = topic_option if topics is None else topics[i]
-        if not topic:
-            raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has no "
-                                       "topic (null 'topic' column and no 'topic' option)")
-        rows.append(_Row(index, topic, payload, None if parents is None else parents[i]))
-    return rows
-
-
-def _retryable(exc: BaseException) -> bool:
-    """A dropped connection or a 5xx may be transient; a 4xx will not change on retry."""
-    if isinstance(exc, ApiError):
-        return exc.status >= 500
-    return isinstance(exc, UNREACHABLE_ERRORS)
-
-
-class _Publisher:
-    """Publishes rows with a window of requests in flight; stops taking new rows at the
-    first failure and reports it once the requests in flight have finished."""
-
-    def __init__(self, client: PulsarcastClient, options: WriteOptions) -> None:
-        self.client = client
-        self.options = options
-        self.published: dict[int, tuple[str, str]] = {}
-        self.failure: tuple[_Row, BaseException] | None = None
-
-    async def _one(self, row: _Row) -> None:
-        attempt = 0
-        while True:
-            try:
-                event = await self.client.publish(row.topic, row.payload, parent=row.parent)
-                cid = event.get("cid") if isinstance(event, dict) else None
-                if type(cid) is not str:
-                    raise ValueError("the publish answer carries no event CID")
-                self.published[row.index] = (row.topic, cid)
-                return
-            except Exception as exc:
-                if attempt >= self.options.publish_retries or not _retryable(exc):
-                    raise
-                attempt += 1
-                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
-
-    async def run(self, rows: list[_Row]) -> None:
-        pending = iter(rows)
-
-        async def worker() -> None:
-            for row in pending:
-                if self.failure is not None:
-                    return
-                try:
-                    await self._one(row)
-                except Exception as exc:
-                    if self.failure is None or row.index < self.failure[0].index:
-                        self.failure = (row, exc)
-                    return
-
-        await asyncio.gather(*(worker() for _ in range(self.options.max_in_flight)))
-
-
-def publish_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]
-                    ) -> PublishedEvents:
-    """Publish every row of one task; the commit message lists what was published."""
-    context = TaskContext.get()
-    partition = context.partitionId() if context is not None else -1
-    attempt = context.attemptNumber() if context is not None else 0
-    where = f"task for partition {partition} (attempt {attempt})"
-    loop = asyncio.new_event_loop()
-    client: PulsarcastClient | None = None
-    publisher: _Publisher | None = None
-    try:
-        client = loop.run_until_complete(open_client(options.endpoint))
-        publisher = _Publisher(client, options)
-        first = 0
-        for batch in batches:
-            rows = _rows(batch, first, options.topic)
-            first += batch.num_rows
-            loop.run_until_complete(publisher.run(rows))
-            if publisher.failure is not None:
-                row, exc = publisher.failure
-                cause = translate(exc, options.endpoint, f"publishing to {row.topic}")
-                raise PulsarcastSparkError(
-                    "PUBLISH_FAILED", f"{where}: row {row.index} could not be published: "
-                    f"{cause.detail}; this task had published {len(publisher.published)} "
-                    "event(s) before it stopped, and a retry publishes all its rows again "
-                    "(at-least-once)")
-        order = sorted(publisher.published)
-        return PublishedEvents(partition, attempt,
-                               [publisher.published[i][0] for i in order],
-                               [publisher.published[i][1] for i in order])
-    except PulsarcastSparkError as exc:
-        if exc.code == "PUBLISH_FAILED" or publisher is None:
-            raise
-        done = 0 if publisher is None else len(publisher.published)
-        raise PulsarcastSparkError(exc.code, f"{where}: {exc.detail} ({done} event(s) of this "
-                                   "task were published before)") from None
-    except Exception as exc:
-        raise translate(exc, options.endpoint, where) from None
-    finally:
-        if client is not None:
-            loop.run_until_complete(client.session.close())
-        loop.close()
-
-
 def _check_topic(options: WriteOptions) -> None:
     """An unknown topic or an unreachable node fails the query when it is planned, not in
     every task."""
+    from .rest import NodeApi  # the HTTP client, only where a call is made
+
     if options.topic is not None:
         api = NodeApi(options.endpoint)
         try:
@@ -218,6 +90,8 @@ class BatchWriter(DataSourceArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishedEvents:
+        from .publish import publish_batches
+
         return publish_batches(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
@@ -240,6 +114,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishedEvents:
+        from .publish import publish_batches
+
         return publish_batches(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]

@@ -1,0 +1,106 @@
+"""The writer: rows published and read back, the topic option winning over the column,
+parents for CUSTOM topics, commit messages, failures reported per task, and the streaming
+sink."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pulsar.spark.errors import PulsarcastSparkError
+from pulsar.spark.options import write_options
+from pulsar.spark.publish import publish_batches
+from pulsar.spark.writer import PublishedEvents
+
+from .conftest import SparkNet
+
+
+def test_rows_round_trip_and_the_topic_option_wins(source: Any, net: SparkNet) -> None:
+    target = net.create_topic("spark/written")
+    elsewhere = net.create_topic("spark/not-written")
+    rows = [(f"row-{i}".encode(), elsewhere) for i in range(40)]
+    df = source.createDataFrame(rows, "payload BINARY, topic STRING").coalesce(1)
+    (df.write.format("pulsarcast").mode("append")
+     .options(**net.options(0, topic=target, token=net.token(0), maxInFlight="1")).save())
+    assert net.payloads(target) == [p for p, _ in rows]  # one task, in order
+    assert net.last(elsewhere) == 0  # the option won over the column
+    # the task function in this process: with no option, the topic column decides, and
+    # string payloads are published as UTF-8 text
+    options = write_options({"endpoint": net.url(0), "token": net.token(0)})
+    message = publish_batches(options, iter([pa.RecordBatch.from_pydict(
+        {"payload": ["héllo", "wörld"], "topic": [elsewhere, target]})]))
+    assert message.topics == [elsewhere, target]
+    assert net.payloads(elsewhere) == ["héllo".encode()]
+    assert net.payloads(target)[40:] == ["wörld".encode()]
+
+
+def test_parents_for_custom_topics_and_commit_messages(net: SparkNet) -> None:
+    """The task function itself, in this process (no TaskContext: partition -1)."""
+    topic = net.create_topic("spark/custom", event_linking="CUSTOM")
+    root = net.publish(topic, [b"root"])[0]
+    options = write_options({"endpoint": net.url(0), "token": net.token(0), "topic": topic,
+                             "maxinflight": "4"})
+    batch = pa.RecordBatch.from_pydict({
+        "payload": [b"a", b"b", b"c", b"d", b"e"],
+        "parent": [root, root, None, root, root],
+    })
+    message = publish_batches(options, iter([batch, batch.slice(0, 2)]))
+    assert isinstance(message, PublishedEvents) and message.partition == -1
+    log = {cid: seq for seq, cid, _ in net.log(topic)}
+    assert len(message.cids) == 7 and set(message.cids) <= set(log)
+    assert message.topics == [topic] * 7
+    events = {cid: net.bg.run(net.nodes[0].node.get_event(_cid(cid))) for cid in message.cids}
+    parents = [None if events[c].parent is None else str(events[c].parent)
+               for c in message.cids]
+    assert [p == root for p in parents] == [True, True, False, True, True, True, True]
+    assert [bytes(events[c].payload) for c in message.cids] == [b"a", b"b", b"c", b"d", b"e",
+                                                                 b"a", b"b"]
+
+
+def _cid(text: str) -> Any:
+    from dag import CID
+
+    return CID.parse(text)
+
+
+def test_failures_are_reported_per_task(source: Any, net: SparkNet) -> None:
+    peer0 = str(net.nodes[0].node.peer_id)
+    closed = net.create_topic("spark/closed", allowed_publishers=[peer0])
+    df = source.createDataFrame([(b"nope",)], "payload BINARY")
+    with pytest.raises(Exception) as info:  # node 1 may not publish on it
+        df.write.format("pulsarcast").mode("append").options(
+            **net.options(1, topic=closed, token=net.token(1))).save()
+    message = str(info.value)
+    assert "[PULSARCAST_PUBLISH_FAILED]" in message and "task for partition" in message
+    assert "publish-refused" in message and "had published 0 event(s)" in message
+    # in this process: a null payload stops the task with the row named
+    options = write_options({"endpoint": net.url(0), "token": net.token(0), "topic": closed})
+    with pytest.raises(PulsarcastSparkError, match="row 1 of this task has a null payload"):
+        publish_batches(options, iter([pa.RecordBatch.from_pydict(
+            {"payload": pa.array([b"ok", None], pa.binary())})]))
+    # modes and columns are checked when the write is planned
+    with pytest.raises(Exception, match=r"\[PULSARCAST_INVALID_OPTION\].*append-only"):
+        df.write.format("pulsarcast").mode("overwrite").options(
+            **net.options(0, topic=closed, token=net.token(0))).save()
+    with pytest.raises(Exception, match=r"\[PULSARCAST_INVALID_COLUMN\]"):
+        source.createDataFrame([(1,)], "value INT").write.format("pulsarcast").mode(
+            "append").options(**net.options(0, topic=closed, token=net.token(0))).save()
+
+
+def test_streaming_sink_copies_a_topic(source: Any, net: SparkNet, tmp_path: Path) -> None:
+    origin = net.create_topic("spark/origin")
+    copy = net.create_topic("spark/copy")
+    sent = [b"%03d" % i for i in range(25)]
+    net.publish(origin, sent, window=1)
+    query = (source.readStream.format("pulsarcast")
+             .options(**net.options(0, topic=origin, startingOffsets="earliest")).load()
+             .select("payload")
+             .writeStream.format("pulsarcast")
+             .options(**net.options(0, topic=copy, token=net.token(0)))
+             .option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert sorted(net.payloads(copy)) == sent
