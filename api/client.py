@@ -45,6 +45,13 @@ class _Unset:
 
 UNSET: Final = _Unset()
 
+MAX_LINE: Final = 4 * 1024 * 1024
+"""Longest NDJSON or SSE line read: an event with a 1 MiB payload is ~1.4 MiB of JSON
+(aiohttp's default refuses lines over 512 KiB)."""
+MAX_BODY: Final = 16 * 1024 * 1024
+"""Largest JSON answer read whole; a node (or something posing as one) sending more is an
+error, not a memory exhaustion."""
+
 # Connection-level failures a live stream recovers from by reconnecting.
 _DROPPED = (
     aiohttp.ClientPayloadError,
@@ -53,6 +60,18 @@ _DROPPED = (
     asyncio.TimeoutError,
     ConnectionError,
 )
+
+
+async def _read_bounded(response: aiohttp.ClientResponse) -> bytes:
+    """The whole body, refusing one over :data:`MAX_BODY` (``read(n)`` returns what is
+    buffered, so read in chunks until the end)."""
+    body = bytearray()
+    while chunk := await response.content.read(256 * 1024):
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(response.status, "answer-too-large", f"answer over {MAX_BODY} bytes",
+                           {})
+    return bytes(body)
 
 
 class ApiError(Exception):
@@ -173,7 +192,9 @@ class PulsarcastClient:
         # Created lazily: an aiohttp session belongs to the loop that is running when it is
         # made, and the blocking facade builds the client before its loop runs anything.
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            # aiohttp refuses lines over twice its read buffer.
+            self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                                  read_bufsize=MAX_LINE // 2)
         return self._session
 
     # ------------------------------------------------------------------ plumbing
@@ -195,7 +216,8 @@ class PulsarcastClient:
                 raise await ApiError.from_response(response)
             if response.status == 204:
                 return None
-            return await response.json(content_type=None)
+            data = await _read_bounded(response)
+            return json.loads(data) if data else None
 
     @staticmethod
     def _cid(cid: str) -> str:

@@ -251,3 +251,17 @@ async def test_blocking_facade(apis: list[Api]) -> None:
 
     seqs, payloads, kind = await asyncio.to_thread(script)
     assert seqs == [1, 2, 3] and payloads == [b"m0", b"m1", b"m2"] and kind == "invalid-cid"
+
+
+async def test_ndjson_and_live_carry_events_longer_than_aiohttps_default_line(
+        apis: list[Api]) -> None:
+    # A 600 kB payload is ~800 kB of JSON on one line: over aiohttp's 512 KiB default.
+    big = bytes(range(256)) * 2344
+    async with client_for(apis[0]) as api:
+        cid = (await api.create_topic("large"))["cid"]
+        published = await api.publish(cid, big)
+        [event] = [e async for e in api.history_ndjson(cid)]
+        assert event["cid"] == published["cid"] and payload_of(event) == big
+        async for live in api.live(cid, from_="earliest"):
+            assert payload_of(live) == big
+            break
