@@ -38,7 +38,8 @@ by kind (absent fields are null):
                ``recv_bytes`` (pub-sub transport payload bytes so far, all message types),
                ``dht_sent_bytes`` / ``dht_recv_bytes`` (DHT datagram bytes so far), ``life``
                (0 for the first start, +1 per restart: counters restart from 0 with the
-               process).
+               process), ``sent_by_type`` (pub-sub frame bytes sent so far by message
+               type, e.g. ``{"event": ..., "heads": ..., "ihave": ...}``).
 =============  ================================================================================
 
 Copies of an event payload, for RMR, are the ``receive`` and ``duplicate`` records; every

@@ -30,6 +30,7 @@ class NodeTracer(Tracer):
         self._seen: set[CID] = set()
         self._text: dict[object, str] = {}
         self._last_sent: tuple[bytes, str] | None = None
+        self._sent_by_type: dict[str, int] = {}
 
     def _str(self, value: object) -> str:
         text = self._text.get(value)
@@ -52,6 +53,8 @@ class NodeTracer(Tracer):
 
     def sent(self, peer: PeerId, message: object, size: int) -> None:
         kind = type(message)
+        name = getattr(kind, "T", kind.__name__)
+        self._sent_by_type[name] = self._sent_by_type.get(name, 0) + size
         if kind is Event:
             assert isinstance(message, Event)
             self.writer.write("send", peer=self._str(peer), topic=self._str(message.topic),
@@ -114,7 +117,8 @@ class NodeTracer(Tracer):
         cpu, rss = process_resources()
         self.writer.write("sample", cpu_s=round(cpu, 3), rss=rss, sent_bytes=sent,
                           recv_bytes=received, dht_sent_bytes=dht_sent,
-                          dht_recv_bytes=dht_received, life=self.life)
+                          dht_recv_bytes=dht_received, life=self.life,
+                          sent_by_type=dict(self._sent_by_type))
 
     def _copy(self, cid: CID, peer: str | None, topic: CID | None, hop: int | None, size: int,
               via: str) -> None:
