@@ -1,9 +1,10 @@
 """The QoS computation: traces of testbed runs in, per (run, protocol) figures out.
 
-It holds the Spark part of the report together: one parse of the traces into a cache, a few
-small cached intermediates (publishes, first deliveries, expected pairs), then one small
-collect per family of metrics. What comes back to the driver is per protocol or per node,
-never per record, so the driver's memory does not grow with the run.
+It holds the Spark part of the report together: one pass that parses and folds the traces
+into a small in-memory table of facts, a few small cached intermediates (publishes, first
+deliveries, expected pairs), then one small collect per family of metrics. What comes back
+to the driver is per protocol or per node, never per record, so the driver's memory does not
+grow with the run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from statistics import fmean
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from .qos_delivery import (
     CDF_GRID,
@@ -24,8 +24,14 @@ from .qos_delivery import (
     order_violations,
     publishes,
 )
-from .qos_read import UNREADABLE, expectations, ordered_topics, read_traces
-from .qos_traffic import NodeUse, copy_counts, node_usage, record_counts, unpublished_events
+from .qos_read import expectations, fold_traces, ordered_topics, parts
+from .qos_traffic import (
+    NodeUse,
+    copy_counts,
+    node_usage,
+    record_counts,
+    unpublished_events,
+)
 from .report_inputs import ProtocolRun, RunInput
 
 __all__ = ["CDF_GRID", "NodeUse", "ProtocolQos", "compute_qos"]
@@ -46,34 +52,33 @@ class ProtocolQos:
 def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
                 say: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str], ProtocolQos]:
     """Every metric of docs/testbed.md for every (run label, protocol) of ``runs``."""
-    keys = [(run.label, part.protocol) for run in runs for part in run.protocols]
-    parts = {(run.label, part.protocol): part for run in runs for part in run.protocols}
-    files = sum(len(part.trace_files) for part in parts.values())
-    traces = read_traces(spark, runs)
-    cached: list[DataFrame] = [traces]
+    numbered = parts(runs)
+    indices = range(len(numbered))
+    files = sum(len(part.trace_files) for _, part in numbered)
+    say(f"parsing and folding {files} trace files of {len(runs)} run(s)")
+    facts = fold_traces(spark, runs)
+    cached: list[DataFrame] = []
     try:
-        say(f"parsing {files} trace files of {len(runs)} run(s)")
-        counts = record_counts(traces)
-        records = traces.filter(F.col("kind") != UNREADABLE)
+        counts = record_counts(facts)
         say(f"{sum(c['total'] for c in counts.values()):,} records; computing deliveries")
-        pubs = publishes(records).cache()
-        delivered = first_deliveries(records).cache()
+        pubs = publishes(facts).cache()
+        delivered = first_deliveries(facts).cache()
         pairs = delivery_pairs(pubs, expectations(spark, runs), delivered).cache()
         cached += [pubs, delivered, pairs]
-        deliveries = delivery_figures(pubs, pairs, keys)
+        deliveries = delivery_figures(pubs, pairs, indices)
         say("delivery order")
         violations = order_violations(pubs, delivered, ordered_topics(spark, runs))
         say("payload copies and resource use")
-        copies = copy_counts(records, pubs)
-        unpublished = unpublished_events(records, pubs)
-        usage = node_usage(records)
+        copies = copy_counts(facts, pubs)
+        unpublished = unpublished_events(facts, delivered, pubs)
+        usage = node_usage(facts)
     finally:
         for frame in reversed(cached):
             frame.unpersist()
     result = {}
-    for key in keys:
+    for key, (run, part) in enumerate(numbered):
         figures = deliveries[key]
-        metrics = _manifest_metrics(parts[key])
+        metrics = _manifest_metrics(part)
         metrics.update(figures.metrics)
         metrics.update(_copy_metrics(copies.get(key), metrics["delivered_pairs"]))
         metrics["order_violations"] = violations.get(key, 0)
@@ -82,9 +87,10 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
         nodes = usage.get(key, [])
         metrics.update(_usage_metrics(nodes))
         metrics["records"] = counts.get(key, {"total": 0, "by_kind": {}, "unreadable_lines": 0})
-        metrics["records"]["files"] = len(parts[key].trace_files)
-        result[key] = ProtocolQos(run=key[0], protocol=key[1], metrics=metrics,
-                                  latency_quantiles=figures.latency_quantiles, nodes=nodes)
+        metrics["records"]["files"] = len(part.trace_files)
+        result[(run.label, part.protocol)] = ProtocolQos(
+            run=run.label, protocol=part.protocol, metrics=metrics,
+            latency_quantiles=figures.latency_quantiles, nodes=nodes)
     return result
 
 
@@ -117,14 +123,11 @@ def _control_metrics(counts: dict[str, Any] | None) -> dict[str, int]:
     }
 
 
-def _spread(values: list[float]) -> dict[str, float | None]:
+def _spread(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": fmean(values) if values else None, "max": max(values) if values else None}
 
 
 def _usage_metrics(nodes: list[NodeUse]) -> dict[str, Any]:
-    pubsub = [float(n.pubsub_bytes) for n in nodes]
-    dht = [float(n.dht_bytes) for n in nodes]
-    total = [float(n.total_bytes) for n in nodes]
     cpu = [n.cpu_s for n in nodes]
     return {
         "bytes": {
@@ -132,8 +135,12 @@ def _usage_metrics(nodes: list[NodeUse]) -> dict[str, Any]:
             "pubsub_total": sum(n.pubsub_bytes for n in nodes),
             "dht_total": sum(n.dht_bytes for n in nodes),
             "total": sum(n.total_bytes for n in nodes),
-            "per_node": {"pubsub": _spread(pubsub), "dht": _spread(dht), "total": _spread(total)},
+            "per_node": {
+                "pubsub": _spread([n.pubsub_bytes for n in nodes]),
+                "dht": _spread([n.dht_bytes for n in nodes]),
+                "total": _spread([n.total_bytes for n in nodes]),
+            },
         },
         "cpu_s": {**_spread(cpu), "total": sum(cpu)},
-        "rss_bytes": _spread([float(n.rss_bytes) for n in nodes]),
+        "rss_bytes": _spread([n.rss_bytes for n in nodes]),
     }

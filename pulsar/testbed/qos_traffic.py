@@ -1,5 +1,6 @@
 """Traffic and resource metrics: record counts, payload copies (RMR), bytes, CPU, memory.
 
+All of them read the folded traces of :func:`pulsar.testbed.qos_read.fold_traces`.
 Copies are counted at every node, relays included, because a relay that takes in a copy it
 does not deliver still paid for it; bytes come from the nodes' own transport counters, which
 cover every message type (control traffic, repair, DHT) and not only event payloads.
@@ -15,7 +16,13 @@ from pyspark.sql import functions as F
 
 from .qos_read import KEY, UNREADABLE
 
-__all__ = ["NodeUse", "copy_counts", "node_usage", "record_counts", "unpublished_events"]
+__all__ = [
+    "NodeUse",
+    "copy_counts",
+    "node_usage",
+    "record_counts",
+    "unpublished_events",
+]
 
 _NO_MSG = "none"
 
@@ -35,14 +42,12 @@ class NodeUse:
         return self.pubsub_bytes + self.dht_bytes
 
 
-def record_counts(traces: DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
-    """Records by kind, and unreadable lines, per (run, protocol).
-
-    Run first: it is the action that parses every file and fills the trace cache."""
-    rows = traces.groupBy(*KEY, "kind").agg(F.count("*").alias("records")).collect()
-    counts: dict[tuple[str, str], dict[str, Any]] = {}
+def record_counts(facts: DataFrame) -> dict[int, dict[str, Any]]:
+    """Records by kind, and unreadable lines, per part."""
+    rows = facts.groupBy(*KEY, "kind").agg(F.sum("records").alias("records")).collect()
+    counts: dict[int, dict[str, Any]] = {}
     for row in rows:
-        entry = counts.setdefault((row["run"], row["protocol"]),
+        entry = counts.setdefault(int(row["part"]),
                                   {"total": 0, "by_kind": {}, "unreadable_lines": 0})
         if row["kind"] == UNREADABLE:
             entry["unreadable_lines"] = int(row["records"])
@@ -54,16 +59,20 @@ def record_counts(traces: DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
     return counts
 
 
-def copy_counts(records: DataFrame, pubs: DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
-    """Payload copies (``receive`` + ``duplicate`` records of published events), in total, by
-    record kind and by ``msg``."""
-    copies = (records.filter(F.col("kind").isin("receive", "duplicate"))
-              .join(pubs.select(*KEY, "event"), on=[*KEY, "event"], how="left_semi")
-              .groupBy(*KEY, "kind", "msg").agg(F.count("*").alias("copies")).collect())
-    result: dict[tuple[str, str], dict[str, Any]] = {}
+def _copies(facts: DataFrame) -> DataFrame:
+    """(part, event, kind, msg, records): copies of each event by record kind and msg."""
+    return (facts.filter(F.col("kind").isin("receive", "duplicate"))
+            .filter(F.col("event").isNotNull()))
+
+
+def copy_counts(facts: DataFrame, pubs: DataFrame) -> dict[int, dict[str, Any]]:
+    """Payload copies of published events, in total, by record kind and by ``msg``."""
+    copies = (_copies(facts).join(pubs.select(*KEY, "event"), on=[*KEY, "event"],
+                                  how="left_semi")
+              .groupBy(*KEY, "kind", "msg").agg(F.sum("records").alias("copies")).collect())
+    result: dict[int, dict[str, Any]] = {}
     for row in copies:
-        entry = result.setdefault((row["run"], row["protocol"]),
-                                  {"total": 0, "by_kind": {}, "by_msg": {}})
+        entry = result.setdefault(int(row["part"]), {"total": 0, "by_kind": {}, "by_msg": {}})
         n = int(row["copies"])
         msg = row["msg"] if row["msg"] is not None else _NO_MSG
         entry["total"] += n
@@ -72,34 +81,31 @@ def copy_counts(records: DataFrame, pubs: DataFrame) -> dict[tuple[str, str], di
     return result
 
 
-def unpublished_events(records: DataFrame, pubs: DataFrame) -> dict[tuple[str, str], int]:
+def unpublished_events(facts: DataFrame, delivered: DataFrame,
+                       pubs: DataFrame) -> dict[int, int]:
     """Events seen (received or delivered) without a publish record — e.g. the publisher
     crashed before flushing it. They are left out of every delivery metric; this says how
     many, so a hole in the traces is visible."""
-    seen = (records.filter(F.col("kind").isin("receive", "duplicate", "deliver"))
-            .filter(F.col("event").isNotNull()).select(*KEY, "event").distinct())
+    seen = (_copies(facts).select(*KEY, "event")
+            .union(delivered.select(*KEY, "event")).distinct())
     rows = (seen.join(pubs.select(*KEY, "event"), on=[*KEY, "event"], how="left_anti")
             .groupBy(*KEY).agg(F.count("*").alias("events")).collect())
-    return {(row["run"], row["protocol"]): int(row["events"]) for row in rows}
+    return {int(row["part"]): int(row["events"]) for row in rows}
 
 
-def node_usage(records: DataFrame) -> dict[tuple[str, str], list[NodeUse]]:
+def node_usage(facts: DataFrame) -> dict[int, list[NodeUse]]:
     """Per node: bytes sent and CPU seconds summed over lives (the last sample of each life,
     as counters restart with the process), and the largest resident memory seen."""
-    last = F.max_by(F.struct("sent_bytes", "dht_sent_bytes", "cpu_s"), "t")
-    lives = (records.filter(F.col("kind") == "sample")
-             .withColumn("life", F.coalesce(F.col("life"), F.lit(0)))
-             .groupBy(*KEY, "node", "life")
-             .agg(last.alias("last"), F.max("rss").alias("rss")))
-    nodes = (lives.groupBy(*KEY, "node")
+    nodes = (facts.filter(F.col("kind") == "sample")
+             .groupBy(*KEY, "node")
              .agg(F.sum(F.coalesce(F.col("last.sent_bytes"), F.lit(0))).alias("pubsub"),
                   F.sum(F.coalesce(F.col("last.dht_sent_bytes"), F.lit(0))).alias("dht"),
                   F.sum(F.coalesce(F.col("last.cpu_s"), F.lit(0.0))).alias("cpu_s"),
                   F.max("rss").alias("rss"))
              .collect())
-    usage: dict[tuple[str, str], list[NodeUse]] = {}
+    usage: dict[int, list[NodeUse]] = {}
     for row in nodes:
-        usage.setdefault((row["run"], row["protocol"]), []).append(NodeUse(
+        usage.setdefault(int(row["part"]), []).append(NodeUse(
             node=int(row["node"]), pubsub_bytes=int(row["pubsub"]), dht_bytes=int(row["dht"]),
             cpu_s=float(row["cpu_s"]), rss_bytes=int(row["rss"] or 0)))
     for nodes_of in usage.values():

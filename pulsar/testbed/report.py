@@ -82,7 +82,7 @@ def _prepare_out_dir(runs: Sequence[RunInput], out_dir: Path | None) -> Path:
 def _session(master: str) -> tuple[SparkSession, bool]:
     """(session, whether we created it). Local masters get a shuffle width to match the
     machine instead of Spark's 200, which would make every tiny stage schedule 200 tasks."""
-    # Spark's Python workers must run this interpreter (and so this venv's packages).
+    # Python workers, should a step ever need them (none does now), run this interpreter.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -112,8 +112,11 @@ def _report(spark: SparkSession, runs: Sequence[RunInput], out: Path, started: f
     from .report_markdown import render_markdown
     from .report_plots import write_plots
 
-    figures = compute_qos(spark, runs, say=lambda message: _say(message, progress))
-    _say(f"writing the report to {out}", progress)
+    def say(message: str) -> None:
+        _say(f"[{time.perf_counter() - started:5.1f} s] {message}", progress)
+
+    figures = compute_qos(spark, runs, say=say)
+    say(f"writing the report to {out}")
     summary_runs = {}
     for run in runs:
         parts = [figures[(run.label, part.protocol)] for part in run.protocols]

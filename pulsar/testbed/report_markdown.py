@@ -103,8 +103,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
     lines.append(
         f"Generated {summary['generated_at']} by `pulsarcast report` in "
         f"{summary['wall_time_s']:.1f} s (Spark {summary['spark']['version']}, master "
-        f"`{summary['spark']['master']}`): {summary['records']['total']:,} trace records, "
-        f"{summary['records']['unreadable_lines']:,} unreadable lines skipped. Every figure is "
+        f"`{summary['spark']['master']}`): {summary['records']['total']:,} trace records read, "
+        f"unreadable lines skipped: {summary['records']['unreadable_lines']:,}. Every figure is "
         "defined in docs/testbed.md, \"The QoS report\"; `summary.json` has them all.")
     runs: dict[str, Any] = summary["runs"]
     if len(runs) > 1:
