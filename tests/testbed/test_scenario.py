@@ -83,7 +83,7 @@ def test_bad_scenarios_say_what_is_wrong(raw: dict[str, object], message: str) -
 def test_a_broken_file_names_itself(tmp_path: Path) -> None:
     path = tmp_path / "broken.toml"
     path.write_text("nodes = [")
-    with pytest.raises(ScenarioError, match="broken.toml: not valid TOML"):
+    with pytest.raises(ScenarioError, match=r"broken\.toml: not valid TOML"):
         load_scenario(path)
     with pytest.raises(ScenarioError, match="no such scenario"):
         load_scenario(tmp_path / "missing.toml")
