@@ -75,7 +75,10 @@ class TraceWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.node = node
+        cut = _ends_mid_line(path)
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+        if cut:  # a killed earlier life left half a line: do not glue our first record to it
+            self._file.write("\n")
         self._buffer: list[str] = []
         self.records = 0
 
@@ -96,7 +99,8 @@ class TraceWriter:
         parts.append("}")
         self._buffer.append("".join(parts))
         self.records += 1
-        if len(self._buffer) >= _FLUSH_EVERY:
+        # A publish defines what is expected of everyone else: never lose one to a crash.
+        if kind == "publish" or len(self._buffer) >= _FLUSH_EVERY:
             self.flush()
 
     def flush(self) -> None:
@@ -108,6 +112,18 @@ class TraceWriter:
     def close(self) -> None:
         self.flush()
         self._file.close()
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as existing:
+            existing.seek(0, os.SEEK_END)
+            if existing.tell() == 0:
+                return False
+            existing.seek(-1, os.SEEK_END)
+            return existing.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
 
 
 def process_resources() -> tuple[float, int]:

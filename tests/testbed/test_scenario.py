@@ -87,3 +87,4 @@ def test_a_broken_file_names_itself(tmp_path: Path) -> None:
         load_scenario(path)
     with pytest.raises(ScenarioError, match="no such scenario"):
         load_scenario(tmp_path / "missing.toml")
+
