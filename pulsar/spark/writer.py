@@ -81,8 +81,9 @@ def _summary(messages: list[Any]) -> tuple[int, int]:
     return len(done), sum(len(m.cids) for m in done)
 
 
-class BatchWriter(DataSourceArrowWriter):
-    """``df.write.format("pulsarcast").mode("append")``: rows arrive as Arrow batches."""
+class _Publishing:
+    """What the batch and the streaming writer share: checked options, and a task that
+    publishes its rows."""
 
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         check_columns(schema, options)
@@ -93,6 +94,10 @@ class BatchWriter(DataSourceArrowWriter):
         from .publish import publish_batches
 
         return publish_batches(self.options, iterator)
+
+
+class BatchWriter(_Publishing, DataSourceArrowWriter):
+    """``df.write.format("pulsarcast").mode("append")``: rows arrive as Arrow batches."""
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
         tasks, events = _summary(list(messages))
@@ -104,19 +109,9 @@ class BatchWriter(DataSourceArrowWriter):
                     "published events stay in the topic", tasks, events)
 
 
-class StreamWriter(DataSourceStreamArrowWriter):
+class StreamWriter(_Publishing, DataSourceStreamArrowWriter):
     """``writeStream.format("pulsarcast")``: each micro-batch's rows are published; a batch
     re-run after a failure publishes its rows again (at-least-once)."""
-
-    def __init__(self, options: WriteOptions, schema: StructType) -> None:
-        check_columns(schema, options)
-        _check_topic(options)
-        self.options = options
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishedEvents:
-        from .publish import publish_batches
-
-        return publish_batches(self.options, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
                batchId: int) -> None:

@@ -246,14 +246,12 @@ class _ProtocolRun:
     async def _hand_out(self, nodes: Any, *, after: float) -> None:
         """Give each node its publishes later than ``after`` seconds into the run."""
         for node in nodes:
-            mine = [[p.at, self.topic_cids[p.topic]] for p in self.plan.publishes_of(node)
-                    if p.at >= after]
-            if not mine:
+            due = [p for p in self.plan.publishes_of(node) if p.at >= after]
+            if not due:
                 continue
-            self.sent_publishes += len(mine)
-            self.expected_log += sum(
-                len(self.plan.topics[p.topic].subscribers)
-                for p in self.plan.publishes_of(node) if p.at >= after)
+            mine = [[p.at, self.topic_cids[p.topic]] for p in due]
+            self.sent_publishes += len(due)
+            self.expected_log += sum(len(self.plan.topics[p.topic].subscribers) for p in due)
             await _timed(self._agent(node).call(
                 "schedule", start_at=self.publish_start, publishes=mine,
                 payload_bytes=self.scenario.workload.payload_bytes))
