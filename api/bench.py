@@ -40,6 +40,7 @@ import aiohttp
 
 from dht import DhtConfig
 from pulsar import Node, NodeConfig
+from pulsar.proto.core import LONE_NODE
 
 from .server import ApiServer
 
@@ -177,7 +178,8 @@ async def bench_api(events: int = 10_000, publish_requests: int | None = None,
     with tempfile.TemporaryDirectory(prefix="pulsarcast-bench-api-") as tmp:
         root = data_dir or Path(tmp)
         node = await Node.start(NodeConfig(data_dir=root / "n0",
-                                           dht=DhtConfig(rpc_timeout=1.0)))
+                                           dht=DhtConfig(rpc_timeout=1.0),
+                                           core=LONE_NODE))
         server: ApiServer | None = None
         try:
             server = await ApiServer.start(node, token="bench-token")

@@ -1,7 +1,7 @@
 """The REST API of one node: the aiohttp application and its lifecycle.
 
-``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`
-and :mod:`api.node_info`, behind the problem-document and bearer-token middlewares, with a
+``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`,
+:mod:`api.replay` and :mod:`api.node_info`, behind the problem-document and bearer-token middlewares, with a
 request body limit. It binds to 127.0.0.1 unless told otherwise.
 """
 
@@ -14,7 +14,7 @@ from aiohttp import web
 
 from pulsar import Node
 
-from . import history, node_info, topics
+from . import history, node_info, replay, topics
 from .auth import auth_middleware, load_or_create_token
 from .common import NODE, json_response
 from .openapi import openapi_document
@@ -36,6 +36,7 @@ def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S
     app[node_info.STARTED] = time.time()
     app.add_routes(topics.routes)
     app.add_routes(history.routes)
+    app.add_routes(replay.routes)
     app.add_routes(node_info.routes)
     document = openapi_document()
 

@@ -63,6 +63,8 @@ MAX_NAME_BYTES: Final = 256
 MAX_PEERS: Final = 128
 MAX_SUBTOPICS: Final = 64
 MAX_VERSION_CHARS: Final = 64
+MAX_VERSION_HEADS: Final = 64
+"""Most event links a topic version records as the topic's heads when it was made."""
 SIGNATURE_SIZE: Final = 64
 
 _TIMESTAMP_RE: Final = re.compile(
@@ -327,6 +329,10 @@ class TopicDescriptor(_ContentAddressed):
     signature: bytes
     block: bytes = field(repr=False)
     cid: CID
+    heads: tuple[CID, ...] = ()
+    """The topic's heads (DAG tips) when the author made this version: events published
+    under an *earlier* version by a publisher this version no longer allows are valid
+    only if they are among these or their ancestors (optional ``metadata.heads``)."""
 
     KIND: ClassVar[str] = "topic"
 
@@ -369,6 +375,7 @@ class TopicDescriptor(_ContentAddressed):
         allowed_publishers: PublishRule | Iterable[PeerId] | None = None,
         request_to_publish: PublishRule | Iterable[PeerId] | bool | None = None,
         event_linking: EventLinking | str = EventLinking.LAST_SEEN,
+        heads: Iterable[CID] = (),
         now: float | None = None,
     ) -> Self:
         """Build and sign a topic. ``meta`` is required unless this *is* a meta topic (pass
@@ -397,6 +404,9 @@ class TopicDescriptor(_ContentAddressed):
                 "eventLinking": linking.value,
             },
         }
+        recorded = list(dict.fromkeys(heads))[-MAX_VERSION_HEADS:]
+        if recorded:
+            unsigned["metadata"]["heads"] = recorded
         unsigned["authorSignature"] = identity.sign(encode(unsigned))
         # Parse what we built through the same checks as a received block: one set of rules
         # (bar checking the signature we just made).
@@ -425,7 +435,7 @@ class TopicDescriptor(_ContentAddressed):
             link = _link(value, f"topic.#{key}")
             assert link is not None
             subtopics[_text(key, "topic.# key", MAX_NAME_BYTES)] = link
-        meta = _map(wire["metadata"], "topic.metadata", _TOPIC_META_KEYS)
+        meta = _map(wire["metadata"], "topic.metadata", _TOPIC_META_KEYS, _TOPIC_META_OPTIONAL)
         created = _check_timestamp(meta["created"])
         version = _version(meta["protocolVersion"])
         allowed = PublishRule.from_wire(meta["allowedPublishers"], "allowedPublishers")
@@ -434,6 +444,7 @@ class TopicDescriptor(_ContentAddressed):
             linking = EventLinking(meta["eventLinking"])
         except (ValueError, TypeError):
             raise SchemaError("eventLinking must be LAST_SEEN or CUSTOM") from None
+        heads = _heads(meta["heads"]) if "heads" in meta else ()
         signature = _signature(wire["authorSignature"], "topic.authorSignature")
         _check_canonical(wire, exact, block, cls.KIND)
         if verify_signature:
@@ -453,7 +464,17 @@ class TopicDescriptor(_ContentAddressed):
             signature,
             block,
             cid,
+            heads,
         )
+
+
+def _heads(value: Any) -> tuple[CID, ...]:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_VERSION_HEADS:
+        raise SchemaError(f"topic.metadata.heads must list 1..{MAX_VERSION_HEADS} links")
+    links = tuple(_link(v, "topic.metadata.heads[]") for v in value)
+    if len(set(links)) != len(links):
+        raise SchemaError("topic.metadata.heads has duplicates")
+    return links  # type: ignore[return-value]
 
 
 _TOPIC_KEYS: Final = {"name", "author", "parent", "#", "metadata", "authorSignature"}
@@ -464,6 +485,7 @@ _TOPIC_META_KEYS: Final = {
     "requestToPublish",
     "eventLinking",
 }
+_TOPIC_META_OPTIONAL: Final = frozenset({"heads"})
 
 
 def _rule(value: PublishRule | Iterable[PeerId] | bool | None) -> PublishRule:

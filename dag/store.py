@@ -14,6 +14,9 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     heads         (topic, event)                 the current heads of a topic's event DAG
     delivery_log  (topic, seq) → event, delivered_at; UNIQUE (topic, event)
     log_state     topic → last_seq, last_at      the per-topic high-water mark of the log
+    topic_latest  topic → version                the latest version of a topic the node
+                                                 knows (schema 2), so a restart judges and
+                                                 updates by it
 
 Crash safety. The database runs in WAL mode with ``synchronous=NORMAL`` by default. A commit
 appends its pages to the ``-wal`` file and ends with a commit frame; every frame carries a
@@ -50,7 +53,7 @@ from .errors import CIDMismatch
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "BlockStore", "StoreError"]
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -113,11 +116,23 @@ _SCHEMA: Final = (
         last_seq INTEGER NOT NULL,
         last_at  REAL NOT NULL
     )""",
+    """CREATE TABLE topic_latest (
+        topic   BLOB PRIMARY KEY,
+        version BLOB NOT NULL
+    )""",
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
+_MIGRATIONS: Final = {
+    # 1 -> 2: durable topic versions.
+    1: (
+        "CREATE TABLE IF NOT EXISTS topic_latest (topic BLOB PRIMARY KEY, version BLOB NOT NULL)",
+        "PRAGMA user_version = 2",
+    ),
+}
 _TABLES: Final = frozenset(
-    {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state"}
+    {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
+     "topic_latest"}
 )
 
 
@@ -223,6 +238,7 @@ class BlockStore:
                     for statement in _SCHEMA:
                         conn.execute(statement)
             self._check_identity()
+        self._migrate()
         tables = {
             row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         }
@@ -254,10 +270,17 @@ class BlockStore:
                 f"this build understands up to {SCHEMA_VERSION}): upgrade pulsarcast, or use "
                 "another data directory"
             )
-        if version < SCHEMA_VERSION:
-            # Schema 1 is the first; migrations from older versions will go here.
+        if version < SCHEMA_VERSION and version not in _MIGRATIONS:
             raise StoreError(f"{self._path}: unknown pulsarcast schema version {version}")
         return False
+
+    def _migrate(self) -> None:
+        """Bring an older schema up to :data:`SCHEMA_VERSION`, one step per transaction."""
+        conn = self._conn
+        while (version := conn.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
+            with self._transaction():
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -599,6 +622,26 @@ class BlockStore:
                 "SELECT event FROM heads WHERE topic = ? ORDER BY event", (topic.raw,)
             ).fetchall()
         return [CID.parse(bytes(raw)) for (raw,) in rows]
+
+    # -- topic versions -------------------------------------------------------------------
+
+    def set_latest_version(self, topic: CID, version: CID) -> None:
+        """Remember ``version`` as the latest known version of the topic ``topic`` (its
+        first version's CID); the version's block is stored (pinned) by the caller."""
+        with self._guard, self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO topic_latest (topic, version) VALUES (?, ?) "
+                "ON CONFLICT (topic) DO UPDATE SET version = excluded.version",
+                (topic.raw, version.raw),
+            )
+
+    def latest_version(self, topic: CID) -> CID | None:
+        """The latest version of ``topic`` remembered by :meth:`set_latest_version`."""
+        with self._guard:
+            row = self._conn.execute(
+                "SELECT version FROM topic_latest WHERE topic = ?", (topic.raw,)
+            ).fetchone()
+        return None if row is None else CID.parse(bytes(row[0]))
 
     # -- delivery log ---------------------------------------------------------------------
 

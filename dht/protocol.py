@@ -151,6 +151,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self._lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -462,6 +463,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             await asyncio.gather(*tasks, return_exceptions=True)
         if self.transport is not None:
             self.transport.close()
+            # close() only schedules the socket's release; a node started on the same port
+            # right after stop() would get EADDRINUSE. Wait until it is really closed.
+            await self._lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self._lost.done():
+            self._lost.set_result(None)
 
 
 def _address(node: Node) -> Address:

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, assert_never
 
 from dag import (
     CID,
@@ -33,16 +33,18 @@ from dag import (
     PublishRule,
     TopicDescriptor,
 )
+from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 
 from .config import NodeConfig
 from .net.errors import PeerUnreachable
 from .net.transport import Transport
 from .proto import events as ev
-from .proto.backfill import GapReported
 from .proto.core import PulsarCore, TreeView
 from .proto.floodsub import FloodCore
 from .proto.messages import MessageError, decode_message, encode_message
+from .proto.timers import Timer
+from .runtime.replay import replay_history
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 
@@ -104,7 +106,7 @@ class Node:
         self._trace = config.tracer
         self._loop = asyncio.get_running_loop()
         self._requests = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[EventDescriptor]] = {}
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._subscriptions: dict[CID, list[Subscription]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
@@ -143,8 +145,11 @@ class Node:
             holder["node"] = node
             dht.set_prover(transport.probe)
             if config.bootstrap:
-                await dht.bootstrap(config.bootstrap)
+                contacts = await dht.bootstrap(config.bootstrap)
                 await routing.prove_known(config.prove_timeout)
+                if not contacts:
+                    # The seeds may simply not be up yet: a node must not stay alone.
+                    node._spawn(node._retry_bootstrap())
             for topic in store.subscriptions():
                 await node._resume(topic)
             return node
@@ -158,6 +163,23 @@ class Node:
                     await dht.stop()
                 store.close()
             raise
+
+    async def _retry_bootstrap(self) -> None:
+        """Bootstrap again with exponential backoff (1 s doubling to 60 s) while the routing
+        table is empty; once contacts exist, rejoin every tree through them."""
+        delay = 1.0
+        while not self._stopped:
+            await asyncio.sleep(delay)
+            try:
+                contacts = await self.dht.bootstrap(self.config.bootstrap)
+            except Exception as exc:  # a resolver error, a socket error: try again later
+                log.info("bootstrap retry failed: %s", exc)
+                contacts = 0
+            if contacts:
+                await self._routing.prove_known(self.config.prove_timeout)
+                log.info("bootstrapped on retry: %d contacts", contacts)
+                return
+            delay = min(delay * 2, 60.0)
 
     async def stop(self) -> None:
         """Leave nothing running: timers, tasks, transport, DHT; flush and close the store.
@@ -230,21 +252,24 @@ class Node:
         event_linking: EventLinking | str = EventLinking.LAST_SEEN,
         subtopics: dict[str, CID] | None = None,
     ) -> TopicDescriptor:
-        """Algorithm 1: make the meta topic, then the topic linking it; store both in the
-        DHT; subscribe to both, as root of their trees."""
-        meta = TopicDescriptor.create(self.identity, f"{name}/meta")
-        topic = TopicDescriptor.create(
-            self.identity,
-            name,
-            meta=meta.cid,
-            subtopics=subtopics,
-            allowed_publishers=_peers(allowed_publishers),
-            request_to_publish=_rule_arg(request_to_publish),
-            event_linking=event_linking,
+        """Algorithm 1: make the meta topic (only the author may publish on it), then the
+        topic linking it; store both in the DHT; join both trees as their root. Raises
+        :class:`PublishError` if the DHT did not acknowledge them (``min_acks``) and
+        ``ValueError`` for settings the schema refuses."""
+        peers = _peers(allowed_publishers)
+        request = next(self._requests)
+        topic: TopicDescriptor = await self._command(
+            request,
+            ev.CreateTopic(
+                request,
+                name,
+                None if peers is None else tuple(peers),
+                _rule_arg(request_to_publish),
+                EventLinking(event_linking),
+                tuple((subtopics or {}).items()),
+            ),
         )
-        await self.dht.put_many([meta.block, topic.block])
-        await self._subscribe_descriptor(meta, deliver=True)
-        await self._subscribe_descriptor(topic, deliver=True)
+        self.store.add_subscription(topic.cid, time.time())
         return topic
 
     async def get_topic(self, cid: CID) -> TopicDescriptor:
@@ -273,19 +298,16 @@ class Node:
 
     async def topic_versions(self, topic_cid: CID) -> list[TopicDescriptor]:
         """Every known version of the topic, newest first (following ``parent`` links)."""
-        root = await self.first_version(await self.get_topic(topic_cid))
-        versions = [self.core.latest(root.cid) or root]
+        first, _ = await self._lineage(topic_cid)
+        versions = [self.core.latest(first.cid) or first]
         while versions[-1].parent is not None and len(versions) < 10_000:
             versions.append(await self.get_topic(versions[-1].parent))
         return versions
 
     async def update_topic(self, topic_cid: CID, **changes: Any) -> TopicDescriptor:
-        """A new version of the topic (linking the latest as parent, same meta topic),
-        announced as an event on the meta topic. Only the author may update."""
-        root = await self.first_version(await self.get_topic(topic_cid))
-        current = self.core.latest(root.cid) or root
-        if current.author != self.peer_id:
-            raise PublishError("only the topic's author may update it")
+        """A new version of the topic (linking the latest as parent, same meta topic,
+        recording the topic's heads), stored and announced as an event on the meta topic.
+        Only the author may update; it returns once the announcement is published."""
         unknown = set(changes) - {
             "name",
             "allowed_publishers",
@@ -295,38 +317,61 @@ class Node:
         }
         if unknown:
             raise TypeError(f"unknown topic settings: {sorted(unknown)}")
-        subs = dict(changes.get("subtopics", {k: v for k, v in current.subtopics.items()}))
-        subs.pop("meta", None)
-        allowed = changes.get("allowed_publishers", current.allowed_publishers)
-        request = changes.get("request_to_publish", current.request_to_publish)
-        new = TopicDescriptor.create(
-            self.identity,
-            changes.get("name", current.name),
-            meta=current.meta,
-            parent=current.cid,
-            subtopics=subs,
-            allowed_publishers=allowed if isinstance(allowed, PublishRule) else _peers(allowed),
-            request_to_publish=request if isinstance(request, PublishRule) else _rule_arg(request),
-            event_linking=changes.get("event_linking", current.event_linking),
+        first, _ = await self._lineage(topic_cid)
+        if first.author != self.peer_id:
+            raise PublishError("only the topic's author may update it")
+        if self.core.tree(first.cid) is None:
+            await self._join(first, deliver=False)
+        linking = changes.get("event_linking")
+        subtopics = changes.get("subtopics")
+        request = next(self._requests)
+        return await self._command(  # type: ignore[no-any-return]
+            request,
+            ev.UpdateTopic(
+                request,
+                first.cid,
+                ev.TopicChanges(
+                    name=changes.get("name"),
+                    allowed_publishers=(
+                        _rule(changes["allowed_publishers"], False)
+                        if "allowed_publishers" in changes
+                        else None
+                    ),
+                    request_to_publish=(
+                        _rule(changes["request_to_publish"], True)
+                        if "request_to_publish" in changes
+                        else None
+                    ),
+                    event_linking=None if linking is None else EventLinking(linking),
+                    subtopics=None if subtopics is None else tuple(dict(subtopics).items()),
+                ),
+            ),
         )
-        await self.dht.put(new.block)
-        self._apply(self.core.learn_topic(new))
-        if current.meta is not None:
-            await self.publish(current.meta, new.cid.raw)
-        return new
+
+    async def _command(self, request: int, command: ev.InEvent) -> Any:
+        """Hand ``command`` (carrying ``request``) to the core and wait for its outcome."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._waiting[request] = future
+        self._apply(self.core.handle(command, time.time()))
+        try:
+            return await future
+        finally:
+            self._waiting.pop(request, None)
 
     # ------------------------------------------------------------------ subscriptions
 
     async def subscribe(self, topic_cid: CID, *, replay: bool = False) -> Subscription:
         """Join the topic's tree (and its meta topic's) and return an async iterator of its
         events, each once, in causal order. With ``replay=True`` the whole history is
-        backfilled and delivered first (from tree neighbours and the DHT, so it works with
-        the publisher offline). Subscriptions are durable: after a restart the node rejoins,
-        backfills what it missed, and never delivers an event twice."""
-        topic = await self.first_version(await self.get_topic(topic_cid))
-        sub = Subscription(topic.cid)
-        self._subscriptions.setdefault(topic.cid, []).append(sub)
-        await self._subscribe_descriptor(topic, deliver=True, since=0.0 if replay else None)
+        backfilled and delivered first (from tree neighbours, and from the DHT through the
+        publishers' heads records, so it works with every publisher offline).
+        Subscriptions are durable: after a restart the node rejoins, backfills what it
+        missed, and never delivers an event twice."""
+        first, later = await self._lineage(topic_cid)
+        sub = Subscription(first.cid)
+        self._subscriptions.setdefault(first.cid, []).append(sub)
+        self.store.add_subscription(first.cid, time.time())
+        await self._join(first, deliver=True, since=0.0 if replay else None, versions=later)
         return sub
 
     async def history(
@@ -445,73 +490,111 @@ class Node:
         self.store.remove_subscription(topic_cid)
         self._apply(self.core.handle(ev.Unsubscribe(topic_cid), time.time()))
 
-    async def _subscribe_descriptor(
-        self, topic: TopicDescriptor, *, deliver: bool, since: float | None = None
+    async def _join(
+        self,
+        topic: TopicDescriptor,
+        *,
+        deliver: bool,
+        since: float | None = None,
+        versions: tuple[TopicDescriptor, ...] = (),
+        heads: tuple[CID, ...] = (),
     ) -> None:
-        """Join ``topic``'s tree, and its meta topic's, so new versions of the rules reach
-        every member that checks them — relays and publishers included."""
+        """Hand the core a ``Subscribe``: it joins the tree, and the meta topic's, itself."""
         self.store.put_many([(topic.cid, topic.block)], pinned=True)
-        if deliver:
-            self.store.add_subscription(topic.cid, time.time())
-        self._apply(self.core.handle(ev.Subscribe(topic, deliver, since), time.time()))
-        if topic.meta is not None and not self.core.is_subscribed(topic.meta):
-            try:
-                meta = await self.get_topic(topic.meta)
-            except TopicNotFound:
-                log.warning("meta topic %s of %s not found", topic.meta, topic.cid)
-                return
-            await self._subscribe_descriptor(meta, deliver=True)
+        self._apply(
+            self.core.handle(
+                ev.Subscribe(topic, deliver, since, heads, versions), time.time()
+            )
+        )
 
     async def _resume(self, topic_cid: CID) -> None:
+        """Rejoin a durable subscription with what the store remembers: when it began, the
+        heads, and the latest topic version (so rights and LAST_SEEN survive a restart)."""
         try:
             topic = await self.get_topic(topic_cid)
         except TopicNotFound:
             log.warning("subscribed topic %s is no longer available", topic_cid)
             return
+        versions: list[TopicDescriptor] = []
+        cursor = self.store.latest_version(topic_cid)
+        while cursor is not None and cursor != topic_cid and len(versions) < 64:
+            block = self.store.get(cursor)
+            if block is None:
+                break
+            try:
+                version = TopicDescriptor.from_block(block, cursor)
+            except InvalidDescriptor:
+                break
+            versions.append(version)
+            cursor = version.parent
         since = self.store.subscription_since(topic_cid)
         heads = tuple(self.store.heads(topic_cid))
-        self._apply(self.core.handle(ev.Subscribe(topic, True, since, heads), time.time()))
+        await self._join(
+            topic, deliver=True, since=since, versions=tuple(reversed(versions)), heads=heads
+        )
 
-    async def first_version(self, topic: TopicDescriptor) -> TopicDescriptor:
-        """Trees are named by a topic's first version; walk back to it."""
-        seen = 0
+    async def _lineage(self, topic_cid: CID) -> tuple[TopicDescriptor, tuple[TopicDescriptor, ...]]:
+        """The topic's first version (trees are named by it) and the later versions on the
+        way from ``topic_cid`` back to it, oldest first."""
+        topic = await self.get_topic(topic_cid)
+        later: list[TopicDescriptor] = []
         while topic.parent is not None:
-            seen += 1
-            if seen > 64:
+            if len(later) >= 64:
                 raise TopicNotFound("topic version chain longer than 64")
+            later.append(topic)
             parent = await self.get_topic(topic.parent)
             if parent.author != topic.author:
                 raise TopicNotFound(f"version {topic.cid} has another author than its parent")
-            self._apply(self.core.learn_topic(parent))
-            self._apply(self.core.learn_topic(topic))
             topic = parent
-        return topic
+        return topic, tuple(reversed(later))
+
+    async def first_version(self, topic: TopicDescriptor) -> TopicDescriptor:
+        """Trees are named by a topic's first version; walk back to it."""
+        first, _ = await self._lineage(topic.cid)
+        return first
 
     # ------------------------------------------------------------------ publishing
 
     async def publish(
         self, topic_cid: CID, payload: bytes, *, parent: CID | None = None
     ) -> EventDescriptor:
-        """Publish ``payload``. Checks the topic's rules: if this node may not publish but
-        may request to, the request travels up the tree to the first allowed node (which
-        becomes the event's publisher). Large payloads go into a chunk tree in the DHT.
-        Returns the event once it is stored in the DHT and on its way."""
+        """Publish ``payload``. The topic's latest rules decide: if this node may not
+        publish but may request to, the request travels up the tree to the first allowed
+        node (which becomes the event's publisher). A node that does not follow the topic
+        first learns its latest version and heads (DHT heads records), so its event links
+        to the topic's newest event. Large payloads go into a chunk tree in the DHT.
+        Returns the event once at least ``min_acks`` DHT nodes stored it and it is on its
+        way down the tree; raises :class:`PublishError` otherwise."""
         if not isinstance(payload, bytes):
             raise TypeError("payload must be bytes")
-        topic = await self.first_version(await self.get_topic(topic_cid))
-        if self.core.tree(topic.cid) is None:
-            await self._subscribe_descriptor(topic, deliver=False)
+        first, later = await self._lineage(topic_cid)
+        if self.core.tree(first.cid) is None:
+            await self._join(first, deliver=False, versions=later)
         body: bytes | CID = payload
         if len(payload) > self.config.inline_limit:
             body = await self.dht.put_large(payload)
         request = next(self._requests)
-        future: asyncio.Future[EventDescriptor] = self._loop.create_future()
-        self._waiting[request] = future
-        self._apply(self.core.handle(ev.Publish(topic.cid, body, parent, request), time.time()))
-        try:
-            return await future
-        finally:
-            self._waiting.pop(request, None)
+        event: EventDescriptor = await self._command(
+            request, ev.Publish(first.cid, body, parent, request)
+        )
+        return event
+
+    def replay(
+        self,
+        topic_cid: CID,
+        *,
+        since: CID | float | None = None,
+        until: CID | float | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[EventDescriptor]:
+        """The topic's history, oldest first in causal order, found from its CID alone:
+        the publishers' heads records in the DHT name the latest version and the heads,
+        and the walk follows parent links through the DHT (the local store first), so it
+        works with every publisher and subscriber offline. ``since`` (exclusive) and
+        ``until`` (inclusive) take an event CID or a time (seconds since the epoch,
+        compared with the events' ``created``); the walk stops at ``since``. A one-shot
+        read: nothing is subscribed or logged."""
+        return replay_history(self, topic_cid, since=since, until=until, limit=limit)
 
     async def payload_of(self, event: EventDescriptor) -> bytes:
         """The event's payload, reassembling (and verifying) a chunk tree if needed."""
@@ -546,45 +629,60 @@ class Node:
 
     # ------------------------------------------------------------------ outputs
 
-    def _apply(self, outputs: list[Any]) -> None:
+    def _apply(self, outputs: ev.Out) -> None:
         for out in outputs:
-            kind = type(out)
-            if kind is ev.Send:
-                self._send(out.peer, out.message)
-            elif kind is ev.Deliver:
-                self._deliver(out.topic, out.event)
-                if self._trace is not None:
-                    self._trace.delivered(out.topic, out.event, out.hop)
-            elif kind is ev.StoreLocal:
-                self._store_block(out.cid, out.block)
-            elif kind is ev.SetTimer:
-                self._set_timer(out.delay, out.timer)
-            elif kind is ev.StoreDht:
-                self._store_block(out.cid, out.block)
-                self._spawn(self._store_in_dht(out.cid, out.block))
-            elif kind is ev.Fetch:
-                self._spawn(self._fetch(out.cid))
-            elif kind is ev.Published:
-                if self._trace is not None:
-                    self._trace.published(out.event)
-                future = self._waiting.get(out.request)
-                if future is not None and not future.done():
-                    future.set_result(out.event)
-            elif kind is ev.PublishFailed:
-                future = self._waiting.get(out.request)
-                if future is not None and not future.done():
-                    future.set_exception(PublishError(out.reason))
-            elif kind is ev.Rejected:
-                self.rejections += 1
-                log.warning("rejected input from %s: %s", out.peer, out.reason)
-            elif kind is GapReported:
-                log.warning(
-                    "topic %s: delivery went on without %s (%s, %d events released)",
-                    out.topic,
-                    out.missing,
-                    out.reason,
-                    out.released,
-                )
+            match out:
+                case ev.Send():
+                    self._send(out.peer, out.message)
+                case ev.Deliver():
+                    self._deliver(out.topic, out.event)
+                    if self._trace is not None:
+                        self._trace.delivered(out.topic, out.event, out.hop)
+                case ev.StoreLocal():
+                    self._store_block(out.cid, out.block)
+                case ev.SetTimer():
+                    self._set_timer(out.delay, out.timer)
+                case ev.StoreDht():
+                    self._store_block(out.cid, out.block)
+                    self._spawn(self._store_in_dht(out.cid, out.block))
+                case ev.Fetch():
+                    self._spawn(self._fetch(out.cid))
+                case ev.StoreRecord():
+                    self._spawn(self._store_record(out.record))
+                case ev.FetchRecords():
+                    self._spawn(self._fetch_records(out.topic, out.publishers))
+                case ev.VersionAdopted():
+                    self._store_block(out.version.cid, out.version.block)
+                    self._flush()
+                    self.store.set_latest_version(out.topic, out.version.cid)
+                case ev.Published():
+                    if self._trace is not None:
+                        self._trace.published(out.event)
+                    self._resolve(out.request, out.event)
+                case ev.TopicReady():
+                    self._resolve(out.request, out.topic)
+                case ev.CommandFailed():
+                    future = self._waiting.get(out.request)
+                    if future is not None and not future.done():
+                        future.set_exception(PublishError(out.reason))
+                case ev.Rejected():
+                    self.rejections += 1
+                    log.warning("rejected input from %s: %s", out.peer, out.reason)
+                case ev.GapReported():
+                    log.warning(
+                        "topic %s: delivery went on without %s (%s, %d events released)",
+                        out.topic,
+                        out.missing,
+                        out.reason,
+                        out.released,
+                    )
+                case _:
+                    assert_never(out)
+
+    def _resolve(self, request: int, value: object) -> None:
+        future = self._waiting.get(request)
+        if future is not None and not future.done():
+            future.set_result(value)
 
     def _send(self, peer: PeerId, message: Any) -> None:
         if self._stopped:
@@ -618,30 +716,6 @@ class Node:
         self._schedule_flush()
         for sub in self._subscriptions.get(topic, ()):
             sub._push(event)
-        descriptor = self.core.topic(topic)
-        if descriptor is not None and descriptor.is_meta and isinstance(event.payload, bytes):
-            self._spawn(self._learn_version(event.payload))
-
-    async def _learn_version(self, payload: bytes) -> None:
-        """A meta-topic event announces a new topic version by its CID: fetch it, check it,
-        and let the core adopt it (it verifies the version's lineage and author)."""
-        try:
-            cid = CID.parse(payload)
-        except ValueError:
-            log.info("meta-topic event whose payload is not a topic CID; ignored")
-            return
-        block = await self._get_block(cid)
-        if block is None:
-            log.warning("announced topic version %s not found", cid)
-            return
-        try:
-            version = TopicDescriptor.from_block(block, cid)
-        except InvalidDescriptor as exc:
-            log.warning("announced topic version %s is invalid: %s", cid, exc)
-            return
-        if not self._stopped:
-            self._store_block(cid, block)
-            self._apply(self.core.learn_topic(version))
 
     def _store_block(self, cid: CID, block: bytes) -> None:
         """Blocks are written in one transaction per loop iteration, not one per event."""
@@ -679,7 +753,7 @@ class Node:
                 except Exception:
                     log.exception("could not log %d deliveries", len(cids))
 
-    def _set_timer(self, delay: float, timer: object) -> None:
+    def _set_timer(self, delay: float, timer: Timer) -> None:
         def fire() -> None:
             self._timers.discard(handle)
             if not self._stopped:
@@ -702,6 +776,28 @@ class Node:
             log.warning("DHT store of %s failed: %s", cid, exc)
         if not self._stopped:
             self._apply(self.core.handle(ev.DhtStored(cid, acks), time.time()))
+
+    async def _store_record(self, record: HeadsRecord) -> None:
+        try:
+            await self.dht.put_record(record)
+        except Exception as exc:  # the next record (next publish) tries again
+            log.info("heads record of %s not stored: %s", record.topic, exc)
+
+    async def _fetch_records(self, topic: CID, publishers: tuple[PeerId, ...]) -> None:
+        """The heads records of ``topic`` by ``publishers``, looked up concurrently; the
+        core always gets an answer, empty when nothing was found."""
+
+        async def one(publisher: PeerId) -> HeadsRecord | None:
+            try:
+                return await self.dht.get_record(topic, publisher)
+            except Exception as exc:
+                log.info("heads record of %s by %s: %s", topic, publisher, exc)
+                return None
+
+        found = await asyncio.gather(*(one(p) for p in publishers))
+        records = tuple(r for r in found if r is not None)
+        if not self._stopped:
+            self._apply(self.core.handle(ev.RecordsFetched(topic, records), time.time()))
 
     async def _fetch(self, cid: CID) -> None:
         local = self._local_block(cid)
@@ -758,7 +854,26 @@ def _peers(value: Iterable[PeerId | str] | None) -> list[PeerId] | None:
     return [PeerId.parse(p) for p in value]
 
 
-def _rule_arg(value: Iterable[PeerId | str] | bool | None) -> list[PeerId] | bool | None:
+def _rule_arg(
+    value: Iterable[PeerId | str] | bool | None,
+) -> tuple[PeerId, ...] | bool | None:
     if value is None or isinstance(value, bool):
         return value
-    return [PeerId.parse(p) for p in value]
+    return tuple(PeerId.parse(p) for p in value)
+
+
+def _rule(
+    value: PublishRule | Iterable[PeerId | str] | bool | None, request: bool
+) -> PublishRule:
+    """A rule from what ``update_topic`` accepts: a rule, a list of peers (enabled, these),
+    None (disabled: anyone may publish; nobody may request), or for
+    ``request_to_publish`` a bool (enabled for anyone / disabled)."""
+    if value is None:
+        return PublishRule()
+    if isinstance(value, PublishRule):
+        return value
+    if isinstance(value, bool):
+        if not request:
+            raise TypeError("allowed_publishers takes peers or a PublishRule, not a bool")
+        return PublishRule(value, ())
+    return PublishRule(True, tuple(PeerId.parse(p) for p in value))

@@ -1,6 +1,6 @@
 """``pulsarcast bench delivery``: eventual delivery, redundancy, backfill and replay.
 
-Real nodes (UDP DHT, TCP transport, SQLite each) on loopback, all in this process. Four
+Real nodes (UDP DHT, TCP transport, SQLite each) on loopback, all in this process. Five
 phases, each on a network of its own:
 
 1. **Loss and crashes** (``nodes`` nodes, ``events`` events of 256 bytes). Every transport
@@ -65,8 +65,9 @@ from dht import DhtConfig
 from ..config import NodeConfig
 from ..net.config import TransportConfig
 from ..net.faults import FaultInjector
-from ..node import Node
+from ..node import Node, PublishError
 from ..proto.core import CoreConfig
+from ..proto.messages import Event, encode_message
 from ..runtime.subscription import Subscription
 from .worker import copies_received
 
@@ -77,6 +78,8 @@ LOSSY_WINDOW = 8
 really lands mid-stream)."""
 SEEDS = 3
 PAYLOAD_BYTES = 256
+HOLDERS = 4
+"""Nodes in the backfill network that never subscribe: they hold DHT records only."""
 
 FAST_TRANSPORT = TransportConfig(
     idle_ping=0.3,
@@ -127,7 +130,7 @@ async def bench_delivery(
     figures: dict[str, Any] = {"bench": "delivery", "nodes": nodes, "events": events}
     with tempfile.TemporaryDirectory(prefix="pulsarcast-delivery-") as tmp:
         root = Path(tmp)
-        _say(f"phase 1/4: {nodes} nodes, {drop_rate:.0%} loss, {crash_fraction:.0%} crashed")
+        _say(f"phase 1/5: {nodes} nodes, {drop_rate:.0%} loss, {crash_fraction:.0%} crashed")
         figures.update(
             await _lossy(
                 root / "lossy",
@@ -140,10 +143,12 @@ async def bench_delivery(
                 tree_timeout,
             )
         )
-        _say(f"phase 2/4: redundancy, {nodes} nodes, no faults")
+        _say(f"phase 2/5: redundancy, {nodes} nodes, no faults")
         figures.update(await _redundancy(root / "rmr", nodes, events, tree_timeout))
-        _say(f"phase 3/4: backfill of {history} events")
+        _say(f"phase 3/5: backfill of {history} events")
         figures.update(await _backfill_and_replay(root / "backfill", history, backfill_timeout))
+        _say("phase 5/5: revocation, author restart, offline publishers")
+        figures.update(await _soundness(root / "soundness", settle_timeout))
     figures["seed"] = seed
     figures["drop_rate"] = drop_rate
     figures["crash_fraction"] = crash_fraction
@@ -164,6 +169,7 @@ class _Collector:
     def __init__(self, sub: Subscription) -> None:
         self.sub = sub
         self.seen: set[CID] = set()
+        self.order: list[EventDescriptor] = []
         self.duplicates = 0
         self.task = asyncio.create_task(self._run())
 
@@ -173,6 +179,7 @@ class _Collector:
                 if event.cid in self.seen:
                     self.duplicates += 1
                 self.seen.add(event.cid)
+                self.order.append(event)
         except asyncio.CancelledError:
             pass
 
@@ -469,8 +476,11 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
         # would take minutes. It does not touch the measured backfill (WANT/BLOCKS).
         return NodeConfig(data_dir=root / f"n{index}", bootstrap=seeds, dht=FAST_DHT)
 
-    nodes = await _start_network(root, 3, config)
-    author, relay, reader = nodes
+    # Three that take part, and HOLDERS that only hold DHT records: once every publisher
+    # and subscriber is stopped, they are all that is left of the topic.
+    nodes = await _start_network(root, 3 + HOLDERS, config)
+    author, relay, reader = nodes[:3]
+    holders = nodes[3:]
     extra: list[Node] = []
     try:
         topic = await author.create_topic("backlog")
@@ -511,7 +521,7 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
             "backfilled_from_peers": reader.metrics.get("backfilled", 0),
         }
 
-        _say("phase 4/4: replay")
+        _say("phase 4/5: replay")
         local_rate, replayed = await _replay_local(reader, topic.cid)
         raw_rate, rows = _raw_sqlite_rate(reader.store.path, topic.cid)
         decode_rate, _ = _raw_sqlite_rate(reader.store.path, topic.cid, decode=True)
@@ -549,6 +559,105 @@ async def _backfill_and_replay(root: Path, history: int, timeout: float) -> dict
                 "replay_dht_cold_events_per_s": round(got / cold_s),
             }
         )
+        await _stop_all([relay, reader, fresh])
+        _say(f"  every publisher and subscriber stopped; replay from the CID alone "
+             f"through {len(holders)} DHT holders")
+        alone = await Node.start(NodeConfig(
+            data_dir=root / "from-cid", bootstrap=tuple(h.address for h in holders[:SEEDS]),
+            dht=FAST_DHT))
+        extra.append(alone)
+        start = time.monotonic()
+        replayed_from_cid = [e.cid async for e in alone.replay(topic.cid)]
+        from_cid_s = time.monotonic() - start
+        if len(replayed_from_cid) != history + 1:
+            raise RuntimeError(
+                f"replay from the CID: {len(replayed_from_cid)}/{history + 1} events")
+        _say(f"  replayed {len(replayed_from_cid)} events from the CID in {from_cid_s:.2f} s")
+        figures.update(
+            {
+                "replay_from_cid_s": round(from_cid_s, 3),
+                "replay_from_cid_events_per_s": round(len(replayed_from_cid) / from_cid_s),
+                "replay_from_cid_vs_cold": round(
+                    (len(replayed_from_cid) / from_cid_s) / (got / cold_s), 3),
+            }
+        )
         return figures
     finally:
         await _stop_all(nodes + extra)
+
+
+# ---------------------------------------------------------------------- phase 5
+
+
+def order_violations(delivered: list[EventDescriptor]) -> int:
+    """Events delivered before their parent, or whose parent (an event of the history)
+    never came: each breaks the causal order a subscriber was promised."""
+    position = {e.cid: i for i, e in enumerate(delivered)}
+    return sum(
+        1
+        for i, e in enumerate(delivered)
+        if e.parent is not None and position.get(e.parent, len(delivered)) > i
+    )
+
+
+async def _soundness(root: Path, timeout: float, readers: int = 6,
+                     rounds: int = 10) -> dict[str, Any]:
+    """Publishers A (author), B and C; B is revoked while stopped, comes back knowing the
+    old version and tries to publish (through the API, and by pushing back-dated frames
+    signed under the old version straight to every reader); A restarts; C goes offline.
+    ``unauthorised_deliveries``: events a reader delivered that nobody was allowed to
+    publish; ``order_violations``: events a reader delivered before their parent."""
+
+    def config(index: int, seeds: tuple[tuple[str, int], ...]) -> NodeConfig:
+        return NodeConfig(data_dir=root / f"n{index}", bootstrap=seeds, dht=FAST_DHT)
+
+    nodes = await _start_network(root, 3 + readers, config)
+    author, bob, carol = nodes[:3]
+    collectors: list[_Collector] = []
+    try:
+        topic = await author.create_topic(
+            "soundness", allowed_publishers=[bob.peer_id, carol.peer_id])
+        for reader in nodes[3:]:
+            collectors.append(_Collector(await reader.subscribe(topic.cid)))
+        await _settle(nodes, topic.cid)
+        allowed: list[CID] = []
+        for i in range(rounds):
+            for publisher in (author, bob, carol):
+                allowed.append((await publisher.publish(topic.cid, b"before %d" % i)).cid)
+        await bob.stop()
+        await author.update_topic(topic.cid, allowed_publishers=[carol.peer_id])
+        bob = nodes[1] = await Node.start(config(1, (author.address, carol.address)))
+        refused = 0
+        for i in range(rounds):
+            try:
+                await bob.publish(topic.cid, b"revoked %d" % i)
+            except PublishError:
+                refused += 1
+        forged = EventDescriptor.create(bob.identity, topic.cid, b"back-dated", now=1.0)
+        frame = encode_message(Event(topic.cid, forged.block, 1))
+        for reader in nodes[3:]:
+            await bob.transport.send(reader.peer_id, reader.address, frame)
+        await author.stop()
+        author = nodes[0] = await Node.start(config(0, (carol.address, nodes[3].address)))
+        for i in range(rounds):
+            allowed.append((await author.publish(topic.cid, b"restarted %d" % i)).cid)
+        await carol.stop()
+        for i in range(rounds):
+            allowed.append((await author.publish(topic.cid, b"carol away %d" % i)).cid)
+        expected = set(allowed)
+        deadline = time.monotonic() + timeout
+        while any(not expected <= c.seen for c in collectors) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        missing = sum(len(expected - c.seen) for c in collectors)
+        return {
+            "soundness_events": len(allowed),
+            "soundness_missing": missing,
+            "order_violations": sum(order_violations(c.order) for c in collectors),
+            "unauthorised_deliveries": sum(len(c.seen - expected) for c in collectors),
+            "revoked_publishes_refused": f"{refused}/{rounds}",
+            "soundness_duplicates": sum(c.duplicates for c in collectors),
+        }
+    finally:
+        for collector in collectors:
+            await collector.close()
+        await _stop_all(nodes)

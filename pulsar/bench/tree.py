@@ -399,9 +399,8 @@ async def _relay(root: Path, events: int = 3000) -> float:
     finished = asyncio.Event()
     children: list[Transport] = []
     try:
-        relay._apply(relay.core.learn_topic(meta))
-        relay._apply(relay.core.learn_topic(topic))
-        await relay._subscribe_descriptor(topic, deliver=False)
+        relay.store.put_many([(meta.cid, meta.block)], pinned=True)
+        await relay._join(topic, deliver=False)
         for index in range(3):
 
             def on_frame(peer: Any, frame: bytes, index: int = index) -> None:

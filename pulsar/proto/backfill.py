@@ -75,7 +75,7 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 from dag import CID, EventDescriptor, PeerId, cid_of
 from dag.codec import decode_fast
@@ -84,6 +84,7 @@ from dag.errors import CodecError
 from dag.history import order_key
 
 from . import events as ev
+from .events import GapReported, Out
 from .repair_messages import (
     MAX_ANSWER_BYTES,
     MAX_BLOCK,
@@ -95,6 +96,7 @@ from .repair_messages import (
     Heads,
     Want,
 )
+from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, WantTimeout
 
 __all__ = [
     "REPAIR_HOP",
@@ -127,7 +129,6 @@ IsDelivered = Callable[[CID, CID], bool]
 that fell out of memory (parents at a gap's start, heads from neighbours)."""
 Neighbours = Callable[[CID], Iterable[PeerId]]
 """The peers to exchange heads with for a topic (tree edges and lazy links)."""
-Out = list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +150,10 @@ class BackfillConfig:
     oldest gap is released early. 20,000 lets a 10,000-event gap plus the live events that
     arrive meanwhile be delivered in order; at ~1 KiB an event that is ~20 MiB."""
     max_gaps: int = 1024
+    max_topic_gaps: int = 64
+    """Gaps open at once in one topic: a publisher that names missing parents (CUSTOM
+    links to nothing) costs its topic at most this many fetches in flight, never the
+    whole node's ``max_gaps``."""
     """Gaps open at once (all topics); the oldest is dropped to open another."""
     settled_limit: int = 100_000
     """Delivered CIDs remembered per topic; older ones are asked of ``is_delivered``."""
@@ -179,7 +184,8 @@ class BackfillConfig:
             raise ValueError(f"answer_limit must be in 1..{MAX_BLOCKS}")
         if not MAX_BLOCK <= self.answer_bytes <= MAX_ANSWER_BYTES:
             raise ValueError(f"answer_bytes must be in {MAX_BLOCK}..{MAX_ANSWER_BYTES}")
-        for name in ("max_pending", "max_gaps", "settled_limit", "heads_limit", "memo_limit"):
+        for name in ("max_pending", "max_gaps", "max_topic_gaps", "settled_limit",
+                     "heads_limit", "memo_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.heads_refresh < 1 or self.fetch_retries < 0:
@@ -187,55 +193,6 @@ class BackfillConfig:
         for name in ("want_timeout", "gap_timeout", "heads_interval", "fetch_retry_delay"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
-
-
-# --------------------------------------------------------------------------- timers, outputs
-
-
-@dataclass(frozen=True, slots=True)
-class BackfillTimer:
-    """Base of this module's timers: the core hands any of them to :meth:`Backfill.on_timer`."""
-
-    topic: CID
-
-
-@dataclass(frozen=True, slots=True)
-class GapTimeout(BackfillTimer):
-    gap: int
-    seq: int
-    """Only the newest timer of a gap counts: its deadline moves when gaps merge."""
-
-
-@dataclass(frozen=True, slots=True)
-class WantTimeout(BackfillTimer):
-    gap: int
-    peer: PeerId
-    head: CID
-
-
-@dataclass(frozen=True, slots=True)
-class RetryFetch(BackfillTimer):
-    gap: int
-
-
-@dataclass(frozen=True, slots=True)
-class HeadsTick(BackfillTimer):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class GapReported:
-    """Output: delivery of ``topic`` went on without ``missing`` (an event that was still
-    missing when the gap opened at ``since``). ``released`` events were delivered before
-    their ancestor. ``reason``: ``timeout``, ``overflow`` (``max_pending``), ``evicted``
-    (``max_gaps``) or ``invalid`` (the missing event exists but fails verification). For
-    the runtime's log and metrics; the application may also be told."""
-
-    topic: CID
-    missing: CID
-    since: float
-    released: int
-    reason: str
 
 
 # --------------------------------------------------------------------------- state
@@ -353,6 +310,7 @@ class Backfill:
         self._fetches: dict[CID, _Gap] = {}
         self._held = 0
         self._next_gap = 0
+        self._repaired: list[tuple[CID, EventDescriptor]] = []
         self._counts: dict[str, int] = {
             "delivered": 0,
             "backfilled": 0,
@@ -441,6 +399,12 @@ class Backfill:
         if state is None:
             return []
         return list(state.heads)[-MAX_HEADS:]
+
+    def take_repaired(self) -> list[tuple[CID, EventDescriptor]]:
+        """The ``(topic, event)`` pairs taken in by repair (not down the tree) since the
+        last call, oldest first: the core pushes the recent ones down its tree."""
+        taken, self._repaired = self._repaired, []
+        return taken
 
     def held(self, topic: CID) -> int:
         state = self._topics.get(topic)
@@ -568,11 +532,18 @@ class Backfill:
 
     def on_heads(self, peer: PeerId, msg: Heads, now: float) -> Out:
         """A neighbour's heads: backfill each one we do not know, from that neighbour."""
-        state = self._topics.get(msg.topic)
+        return self.learn_heads(msg.topic, msg.heads, peer, now)
+
+    def learn_heads(
+        self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float
+    ) -> Out:
+        """Heads learned from ``peer`` (None: from the DHT's heads records): open a gap
+        for each one we do not know, asking that peer first (or the DHT)."""
+        state = self._topics.get(topic)
         if state is None:
             return []
         out: Out = []
-        for head in msg.heads:
+        for head in heads:
             if head in state.settled or head in state.held or head in state.frontier:
                 continue
             until = state.failed.get(head)
@@ -629,26 +600,28 @@ class Backfill:
         return out
 
     def on_timer(self, timer: BackfillTimer, now: float) -> Out:
-        if isinstance(timer, GapTimeout):
-            return self._on_gap_timeout(timer, now)
-        if isinstance(timer, WantTimeout):
-            return self._on_want_timeout(timer, now)
-        if isinstance(timer, RetryFetch):
-            gap = self._gaps.get(timer.gap)
-            if gap is None:
-                return []
-            gap.retry_armed = False
-            out: Out = []
-            self._pump(self._topics[gap.topic], gap, now, out)
-            return out
-        if isinstance(timer, HeadsTick):
-            if timer.topic not in self._topics:
-                return []  # closed: the timer chain ends here
-            neighbours = self._neighbours(timer.topic) if self._neighbours else ()
-            out = self.tick(timer.topic, neighbours, now)
-            out.append(ev.SetTimer(self.config.heads_interval, timer))
-            return out
-        return []
+        match timer:
+            case GapTimeout():
+                return self._on_gap_timeout(timer, now)
+            case WantTimeout():
+                return self._on_want_timeout(timer, now)
+            case RetryFetch():
+                gap = self._gaps.get(timer.gap)
+                if gap is None:
+                    return []
+                gap.retry_armed = False
+                out: Out = []
+                self._pump(self._topics[gap.topic], gap, now, out)
+                return out
+            case HeadsTick():
+                if timer.topic not in self._topics:
+                    return []  # closed: the timer chain ends here
+                neighbours = self._neighbours(timer.topic) if self._neighbours else ()
+                out = self.tick(timer.topic, neighbours, now)
+                out.append(ev.SetTimer(self.config.heads_interval, timer))
+                return out
+            case _:
+                assert_never(timer)
 
     # ------------------------------------------------------------------ transitions
 
@@ -671,13 +644,17 @@ class Backfill:
         if fetched and before:
             # History from before the subscription: the walk ends here.
             boundary = state.frontier.pop(cid, None)
-            _bounded_put(state.settled, cid, None, self.config.settled_limit)
+            # Settled like a delivery (not delivered): it is a head until its children
+            # come, so a node that only learned this far still links its next event here.
+            self._settle(state, event)
             if boundary is not None:
                 self._close(boundary)
             children = state.waiting.pop(cid, None)
             if children:
                 self._deliver(state, self._unhold(state, children), out)
             return None
+        if fetched:
+            self._repaired.append((state.cid, event))
         ready = self._ready(state, parent, before)
         if not ready and self._held >= self.config.max_pending:
             self._make_room(now, out)
@@ -763,6 +740,8 @@ class Backfill:
     def _open_gap(
         self, state: _Topic, missing: CID, peer: PeerId | None, now: float, out: Out
     ) -> _Gap:
+        while len(state.frontier) >= self.config.max_topic_gaps:
+            self._drop(min(state.frontier.values(), key=lambda g: g.id), "evicted", now, out)
         while len(self._gaps) >= self.config.max_gaps:
             self._drop(next(iter(self._gaps.values())), "evicted", now, out)
         gap = _Gap(self._next_gap, state.cid, missing, now, peer)

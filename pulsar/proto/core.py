@@ -1,36 +1,33 @@
-"""The Pulsarcast protocol core: dissemination trees, events and publishing rules.
+"""The Pulsarcast protocol core: one typed machine for every decision a node makes.
 
-One object holds a node's state for every topic it takes part in and implements the
-paper's algorithms 2-4 as transitions ``handle(input, now) -> [output, ...]``:
+``PulsarCore.handle(event, now) -> [output, ...]`` takes every input of
+:data:`~pulsar.proto.events.InEvent` and returns outputs of
+:data:`~pulsar.proto.events.OutEvent`; the asyncio node and the simulator only carry
+them out. It composes the layers, each a module of its own:
 
-* **Join routing** (algorithm 2, with DESIGN.md's progress rule): a JOIN goes to the known
-  peer closest to the topic author's Kademlia id, and only if that peer is *strictly*
-  closer than this node. Parent edges therefore always shrink the XOR distance to the
-  author, so the tree has no cycles, and a node that knows nobody closer acts as root —
-  which is also how a tree survives its author being offline (Scribe-style).
-* **Events** (algorithms 3-4): every hop checks the block's CID, signatures and the
-  publishing rights under the topic version the event names, delivers once, and forwards to
-  every tree neighbour but the sender. A forged or unauthorised event stops at the first
-  honest node.
-* **Publishing**: an allowed node signs and stores the event in the DHT *before*
-  forwarding it (``StoreDht`` then ``DhtStored``); a node that may only request sends a
-  REQUEST_TO_PUBLISH up its parents to the first node allowed to publish.
-* **Failures**: a lost parent is retried ``parent_retries`` times with backoff, then the
-  node routes a new JOIN around it; a lost child is dropped.
+* **trees** (:mod:`pulsar.proto.tree`): join routing toward the author with the progress
+  rule, parents, children, relay joins, routing around failed parents;
+* **versions and rights** (:mod:`pulsar.proto.versions`): every topic version, the latest
+  one, and the rule that judges every event by the latest version (revocation holds);
+* **topic commands** (:mod:`pulsar.proto.topics`): creation (algorithm 1) and updates,
+  announced on the author-only meta topic, adopted by every subscriber from meta events;
+* **publishing** (here): rights, LAST_SEEN / CUSTOM linking, persisted (a write quorum of
+  DHT acknowledgements) before forwarded, requests to publish, heads records in the DHT,
+  and learning the latest version and heads before a node publishes;
+* **causal order, gap fetching, anti-entropy** (:mod:`pulsar.proto.backfill`) and **lazy
+  repair** (:mod:`pulsar.proto.plumtree`).
 
-Topic versions: a tree is named by its topic's *first* version; later versions link it as
-``parent`` (through the meta topic). An event names the version whose rules it was
-published under, and is accepted only if that version's parent chain reaches the tree's
-topic and has the same author.
+A node that restarts is given its durable heads and versions in ``Subscribe`` and resumes
+from them: it judges by the latest version it had, links its next event to the newest
+event it had seen, and rejoins its trees.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import assert_never
 
 from dag import (
     CID,
@@ -40,29 +37,39 @@ from dag import (
     InvalidDescriptor,
     PeerId,
     TopicDescriptor,
-    check_rights,
     cid_of,
 )
+from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
 
 from . import events as ev
-from .backfill import Backfill, BackfillConfig, BackfillTimer
+from .backfill import Backfill, BackfillConfig, _links_of
+from .events import Out
+from .flood_messages import Subs
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
 from .repair_messages import MAX_HEADS, Blocks, Heads, Joined, Want
+from .stores import OwnStores, Stored
+from .timers import (
+    DispatchTimer,
+    GapTimeout,
+    GraftTimer,
+    Greet,
+    HeadsTick,
+    JoinTimeout,
+    RecordTimer,
+    RequestTimeout,
+    RetryFetch,
+    RetryParent,
+    RootCheck,
+    ShuffleTimer,
+    WantTimeout,
+)
+from .topics import build_topic, build_version
+from .tree import Routing, Tree, TreeRouter, TreeView
+from .versions import TopicVersions
 
-__all__ = ["CoreConfig", "PulsarCore", "RetryParent", "RootCheck", "Routing", "TreeView"]
-
-MAX_VERSION_CHAIN: Final = 64
-
-
-class Routing(Protocol):
-    """What the core needs from the DHT: local k-bucket knowledge, no network traffic."""
-
-    def closest_peers(self, key: bytes, count: int) -> Sequence[PeerId]:
-        """Known peers (with proven peer ids) closest to the 20-byte Kademlia ``key``."""
-        ...
-
+__all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
 
 @dataclass(frozen=True, slots=True)
 class CoreConfig:
@@ -80,77 +87,51 @@ class CoreConfig:
     """Events held while their topic version is fetched."""
     routing_candidates: int = 20
     join_timeout: float = 2.0
-    """A JOIN is answered with the parent's HEADS; unanswered this long, it counts as a
-    failed attempt (a lost JOIN must not leave a node silently detached)."""
+    """A JOIN is answered with JOINED; unanswered this long, it counts as a failed attempt
+    (a lost JOIN must not leave a node silently detached)."""
     avoid_for: float = 30.0
     """How long a parent we gave up on is left out of join routing."""
+    min_acks: int = 1
+    """DHT nodes that must acknowledge an event (or topic) before it counts as persisted:
+    the publish fails with a clear error below this and the event is not forwarded."""
+    record_delay: float = 0.5
+    """After a publish, how long to gather more before writing the heads record."""
+    author_record_interval: float = 5.0
+    """The author also rewrites its record when its heads change, at most this often."""
+    waiting_publishes: int = 1000
+    """Publishes (and requests to publish) queued per tree while it learns the latest
+    version and heads; beyond this they fail at once."""
+    sync_rounds: int = 2
+    """Rounds of heads-record look-ups: the author and allowed publishers, then the
+    publishers their records name."""
+    sync_publishers: int = 16
+    """Most publishers whose records one round asks for."""
+
+    def __post_init__(self) -> None:
+        if self.min_acks < 0:
+            raise ValueError("min_acks must be >= 0")
+        if self.sync_rounds < 1 or self.sync_publishers < 1:
+            raise ValueError("sync_rounds and sync_publishers must be >= 1")
 
 
-@dataclass(frozen=True, slots=True)
-class RetryParent:
-    topic: CID
-    peer: PeerId
-
-
-@dataclass(frozen=True, slots=True)
-class JoinTimeout:
-    topic: CID
-    peer: PeerId
-
-
-@dataclass(frozen=True, slots=True)
-class RootCheck:
-    topic: CID
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTimeout:
-    topic: CID
-    signature: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class TreeView:
-    """A read-only picture of one topic's tree at this node."""
-
-    topic: CID
-    parents: frozenset[PeerId]
-    children: frozenset[PeerId]
-    is_root: bool
-    subscribed: bool
-
-
-_Stored = tuple[CID, EventDescriptor, int | None]
-"""An own event on its way into the DHT: (tree, event, publish request or None)."""
+LONE_NODE = CoreConfig(min_acks=0)
+"""For a node that runs without DHT peers on purpose (one-node benchmarks): a publish
+counts as persisted once it is in the local store."""
 
 
 @dataclass(slots=True)
-class _Tree:
+class _TopicJob:
+    """A create or update waiting for its descriptors to be persisted."""
+
+    request: int
     topic: TopicDescriptor
-    latest: TopicDescriptor
-    deliver: bool
-    parents: set[PeerId] = field(default_factory=set)
-    children: set[PeerId] = field(default_factory=set)
-    acting_root: bool = False
-    last_seen: CID | None = None
-    seen: dict[CID, None] = field(default_factory=dict)
-    retries: dict[PeerId, int] = field(default_factory=dict)
-    avoid: dict[PeerId, float] = field(default_factory=dict)  # peer -> until when
-    requests: dict[bytes, int] = field(default_factory=dict)
-    confirmed: set[PeerId] = field(default_factory=set)
-
-    def neighbours(self) -> set[PeerId]:
-        return self.parents | self.children
-
-    def in_tree(self) -> bool:
-        return self.acting_root or bool(self.parents)
-
-
-Out = list[Any]
+    meta: TopicDescriptor | None
+    left: set[CID] = field(default_factory=set)
+    failed: bool = False
 
 
 class PulsarCore:
-    """All of a node's tree state; feed it with :meth:`handle`."""
+    """All of a node's protocol state; feed it with :meth:`handle`."""
 
     def __init__(
         self,
@@ -166,30 +147,33 @@ class PulsarCore:
     ) -> None:
         self.identity = identity
         self.me = identity.peer_id
-        self.routing = routing
         self.config = config or CoreConfig()
         self.rng = rng or random.Random(0)
-        self._trees: dict[CID, _Tree] = {}
-        self.lazy = Plumtree(
-            self.me, self._tree_edges, lookup or (lambda cid: None), plumtree, self.rng
-        )
-        self._topics: dict[CID, TopicDescriptor] = {}
-        self._lineage: dict[CID, CID] = {}  # topic version -> first version
-        self._fetching: dict[CID, list[tuple[PeerId | None, Any]]] = {}
-        self._parked = 0
-        self._pending_store: dict[CID, _Stored] = {}
-        # Our own events stored before their (own) parent was: forwarded right after it, so
-        # a publisher with many stores in flight still sends its chain in order.
-        self._stored_early: dict[CID, _Stored] = {}
-        self._after_parent: dict[CID, list[CID]] = {}
-        self._kid_cache: dict[PeerId, int] = {}
+        self._lookup = lookup or (lambda cid: None)
+        self.router = TreeRouter(self.me, routing, self.config)
+        self.routing = routing
+        self._trees = self.router.trees
+        self.versions = TopicVersions()
+        self.lazy = Plumtree(self.me, self._tree_edges, self._lookup, plumtree, self.rng)
         self.backfill = Backfill(
-            lookup or (lambda cid: None),
+            self._lookup,
             self._verify_backfilled,
             is_delivered=is_delivered,
             neighbours=lambda topic: self._tree_edges(topic) | self.lazy.lazy(topic),
             config=backfill,
         )
+        self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
+        """Events waiting for the topic version they name, by that version's CID."""
+        self._parked_count = 0
+        self._version_fetches: set[CID] = set()
+        self._stores = OwnStores()
+        self._topic_jobs: dict[CID, _TopicJob] = {}
+        self._parent_checks: dict[CID, list[tuple[ev.Publish, CID]]] = {}
+        """CUSTOM parents being fetched to verify before publishing, with what waits."""
+        self._meta_wanted: set[CID] = set()
+        """Meta topics to join once their descriptor is fetched."""
+        self._syncing: set[CID] = set()
+        """Trees whose sync waits only for their JOIN to be answered (or to act as root)."""
         self.metrics: dict[str, int] = {
             "events_received": 0,
             "delivered": 0,
@@ -198,65 +182,55 @@ class PulsarCore:
             "rejected": 0,
             "published": 0,
             "max_hop": 0,
-        }
-        self._dispatch: dict[type, Callable[[Any, float], Out]] = {
-            ev.Received: self._on_received,
-            ev.PeerDown: self._on_peer_down,
-            ev.SendFailed: self._on_peer_down,
-            ev.TimerFired: self._on_timer,
-            ev.BlockFetched: self._on_block_fetched,
-            ev.DhtStored: self._on_dht_stored,
-            ev.Subscribe: self._on_subscribe,
-            ev.Unsubscribe: self._on_unsubscribe,
-            ev.Publish: self._on_publish,
-        }
-        self._receive: dict[type, Callable[[PeerId, Any, float], Out]] = {
-            Join: self._on_join,
-            Leave: self._on_leave,
-            Event: self._on_event,
-            RequestToPublish: self._on_request,
-            Ping: self._on_ping,
-            Pong: lambda peer, msg, now: [],
-            IHave: lambda peer, msg, now: self.lazy.on_ihave(
-                peer, msg, self._known_in(msg.topic), now
-            ),
-            Graft: self.lazy.on_graft,
-            Prune: self.lazy.on_prune,
-            Shuffle: self.lazy.on_shuffle,
-            Want: self.backfill.on_want,
-            Blocks: self.backfill.on_blocks,
-            Heads: self.backfill.on_heads,
-            Joined: self.backfill.on_heads,
+            "repair_pushed": 0,
+            "records_written": 0,
+            "store_quorum_failed": 0,
         }
 
     # ------------------------------------------------------------------ public surface
 
-    def handle(self, event: Any, now: float) -> Out:
+    def handle(self, event: ev.InEvent, now: float) -> Out:
         """Apply one input; return the outputs the driver must carry out, in order."""
-        return self._dispatch[type(event)](event, now)
+        match event:
+            case ev.Received():
+                out = self._on_received(event.peer, event.message, now)
+            case ev.PeerDown() | ev.SendFailed():
+                out = self._on_peer_down(event, now)
+            case ev.TimerFired():
+                out = self._on_timer(event, now)
+            case ev.BlockFetched():
+                out = self._on_block_fetched(event, now)
+            case ev.DhtStored():
+                out = self._on_dht_stored(event, now)
+            case ev.RecordsFetched():
+                out = self._on_records(event, now)
+            case ev.Subscribe():
+                out = self._on_subscribe(event, now)
+            case ev.Unsubscribe():
+                out = self._on_unsubscribe(event, now)
+            case ev.Publish():
+                out = self._on_publish(event, now)
+            case ev.CreateTopic():
+                out = self._on_create(event, now)
+            case ev.UpdateTopic():
+                out = self._on_update(event, now)
+            case _:
+                assert_never(event)
+        return self._after(out, now)
 
     def tree(self, topic: CID) -> TreeView | None:
-        t = self._trees.get(topic)
-        if t is None:
-            return None
-        return TreeView(
-            topic, frozenset(t.parents), frozenset(t.children), t.acting_root, t.deliver
-        )
+        return self.router.view(topic)
 
     def trees(self) -> list[TreeView]:
-        return [v for v in (self.tree(c) for c in self._trees) if v is not None]
+        return [v for v in (self.router.view(c) for c in self._trees) if v is not None]
 
     def topic(self, cid: CID) -> TopicDescriptor | None:
-        return self._topics.get(cid)
+        """A known topic version (its lineage checked)."""
+        return self.versions.get(cid)
 
     def latest(self, topic: CID) -> TopicDescriptor | None:
-        t = self._trees.get(topic)
-        return None if t is None else t.latest
-
-    def learn_topic(self, descriptor: TopicDescriptor) -> Out:
-        """Register a topic version known to be valid (built here, or fetched and parsed by
-        the driver, e.g. from a meta-topic event). Returns outputs for parked events."""
-        return self._register_version(descriptor, 0.0)
+        """The latest known version of the tree ``topic`` (its first version's CID)."""
+        return self.versions.latest(topic)
 
     def is_subscribed(self, topic: CID) -> bool:
         t = self._trees.get(topic)
@@ -265,6 +239,11 @@ class PulsarCore:
     def heads(self, topic: CID) -> list[CID]:
         """The topic's DAG tips here (what a restarted node asks its neighbours after)."""
         return list(self.backfill.heads(topic))
+
+    def last_seen(self, topic: CID) -> CID | None:
+        """What this node's next LAST_SEEN event would link as parent."""
+        t = self._trees.get(topic)
+        return None if t is None else self._parent_for(t)
 
     def counters(self) -> dict[str, int]:
         """The counters of the tree core and its repair layers, in one dict."""
@@ -276,87 +255,105 @@ class PulsarCore:
 
     def _known_in(self, topic: CID) -> Callable[[CID], bool]:
         tree = self._trees.get(topic)
-        seen = {} if tree is None else tree.seen
+        seen: dict[CID, None] = {} if tree is None else tree.seen
         backfill = self.backfill
         return lambda cid: cid in seen or backfill.known(topic, cid)
 
-    def _eager(self, tree: _Tree) -> list[PeerId]:
+    def _eager(self, tree: Tree) -> list[PeerId]:
         """Where an event goes eagerly: the tree edges plus links grafted by repair."""
         return sorted(tree.neighbours() | self.lazy.eager_extra(tree.topic.cid), key=bytes)
 
-    # ------------------------------------------------------------------ routing
+    # ------------------------------------------------------------------ after every input
 
-    def _kid(self, peer: PeerId) -> int:
-        kid = self._kid_cache.get(peer)
-        if kid is None:
-            if len(self._kid_cache) > 100_000:
-                self._kid_cache.clear()
-            kid = self._kid_cache[peer] = int.from_bytes(peer.kademlia_id(), "big")
-        return kid
-
-    def _next_hop(self, author: PeerId, avoid: set[PeerId]) -> PeerId | None:
-        """The known peer closest to ``author``, if strictly closer than this node."""
-        key = author.kademlia_id()
-        target = int.from_bytes(key, "big")
-        best: PeerId | None = None
-        best_distance = self._kid(self.me) ^ target
-        for peer in self.routing.closest_peers(key, self.config.routing_candidates):
-            if peer == self.me or peer in avoid:
+    def _after(self, out: Out, now: float) -> Out:
+        """What follows from any input: recent events taken in by repair go down the tree
+        (children missed them too), announced topic versions are adopted, and the author
+        keeps its heads record fresh."""
+        for topic, event in self.backfill.take_repaired():
+            tree = self._trees.get(topic)
+            if tree is None:
                 continue
-            distance = self._kid(peer) ^ target
-            if distance < best_distance:
-                best, best_distance = peer, distance
-        return best
-
-    def _join(self, tree: _Tree, now: float) -> Out:
-        """Attach ``tree`` upwards (algorithm 2, the sending half)."""
-        author = tree.topic.author
-        if author == self.me:
-            tree.acting_root = True
-            return []
-        for avoided, until in list(tree.avoid.items()):
-            if until <= now:
-                del tree.avoid[avoided]
-        peer = self._next_hop(author, set(tree.avoid) | tree.children)
-        if peer is None:
-            tree.acting_root = True
-            return [ev.SetTimer(self.config.root_check_interval, RootCheck(tree.topic.cid))]
-        tree.acting_root = False
-        tree.parents = {peer}
-        return self._send_join(tree, peer)
-
-    def _send_join(self, tree: _Tree, peer: PeerId) -> Out:
-        tree.confirmed.discard(peer)
-        return [
-            ev.Send(peer, Join(tree.topic.cid, tree.topic.block)),
-            ev.SetTimer(self.config.join_timeout, JoinTimeout(tree.topic.cid, peer)),
-        ]
+            self._remember(tree, event.cid)
+            if event.created_at < now - self.backfill.config.horizon_slack:
+                continue  # history: children that want it backfill it themselves
+            message = Event(topic, event.block, 1)
+            for peer in sorted(tree.children | self.lazy.eager_extra(topic), key=bytes):
+                out.append(ev.Send(peer, message))
+                self.metrics["repair_pushed"] += 1
+        extra: Out = []
+        for cid in list(self._syncing):
+            tree = self._trees.get(cid)
+            if tree is None:
+                self._syncing.discard(cid)
+            else:
+                extra += self._maybe_synced(tree, now)
+        for item in out:
+            if type(item) is not ev.Deliver:
+                continue
+            tree = self._trees.get(item.topic)
+            if tree is None:
+                continue
+            if tree.topic.is_meta:
+                extra += self._announced(item.event, now)
+            elif tree.topic.author == self.me:
+                extra += self._arm_record(tree, self.config.author_record_interval)
+        out += extra
+        return out
 
     # ------------------------------------------------------------------ commands
 
     def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
         topic = cmd.topic
+        if topic.parent is not None:
+            return self._reject(None, f"subscribe names {topic.cid}, not a first version")
         since = now if cmd.since is None else cmd.since
-        out = self._register_version(topic, now)
-        tree = self._trees.get(self._lineage.get(topic.cid, topic.cid))
+        out = self._add_version(topic, now)
+        for version in cmd.versions:
+            out += self._add_version(version, now)
+        tree = self._trees.get(topic.cid)
         if tree is not None:
             tree.deliver = tree.deliver or cmd.deliver
-            return out + self.backfill.open(
-                tree.topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
+            out += self.backfill.open(
+                topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
             )
-        tree = self._new_tree(topic, cmd.deliver)
-        out += self.backfill.open(
-            topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
-        )
-        return out + self.lazy.start(topic.cid) + self._join(tree, now)
+        else:
+            tree = self.router.new_tree(topic, cmd.deliver)
+            out += self.backfill.open(
+                topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
+            )
+            out += self.lazy.start(topic.cid)
+            out += self.router.join(tree, now)
+        if cmd.heads and tree.last_seen is None:
+            tree.last_seen = self._newest(cmd.heads)
+        if topic.author == self.me or topic.is_meta:
+            tree.synced = True  # the author is where versions come from
+        elif cmd.deliver and (cmd.since == 0.0 or not cmd.heads):
+            # A new subscriber reads the heads records: the latest version to judge by,
+            # and (replaying) heads to backfill even when nobody is online. A resumed one
+            # already has both; what it missed comes through its neighbours and the meta
+            # topic, whose whole (short) history every member follows.
+            out += self._start_sync(tree)
+        if topic.meta is not None:
+            out += self._join_meta(topic.meta, now)
+        return out
 
-    def _new_tree(self, topic: TopicDescriptor, deliver: bool) -> _Tree:
-        tree = _Tree(topic=topic, latest=topic, deliver=deliver)
-        self._trees[topic.cid] = tree
-        for version in self._topics.values():
-            if self._lineage.get(version.cid) == topic.cid and _newer(version, tree.latest):
-                tree.latest = version
-        return tree
+    def _join_meta(self, meta_cid: CID, now: float) -> Out:
+        """Every member of a topic follows its meta topic, where new versions appear — its
+        whole history (one event per version), so versions made while this node was away
+        or before it subscribed are adopted too."""
+        tree = self._trees.get(meta_cid)
+        if tree is not None:
+            return []
+        meta = self.versions.get(meta_cid)
+        if meta is not None:
+            return self._on_subscribe(ev.Subscribe(meta, True, 0.0), now)
+        block = self._lookup(meta_cid)
+        if block is not None:
+            return self._join_meta_block(meta_cid, block, now)
+        if meta_cid in self._meta_wanted:
+            return []
+        self._meta_wanted.add(meta_cid)
+        return [ev.Fetch(meta_cid)]
 
     def _on_unsubscribe(self, cmd: ev.Unsubscribe, now: float) -> Out:
         tree = self._trees.pop(cmd.topic, None)
@@ -369,26 +366,112 @@ class PulsarCore:
         # hangs off a node that no longer forwards.
         out: Out = [ev.Send(peer, leave) for peer in sorted(tree.neighbours(), key=bytes)]
         for request in tree.requests.values():
-            out.append(ev.PublishFailed(request, "unsubscribed before the event arrived"))
+            out.append(ev.CommandFailed(request, "unsubscribed before the event arrived"))
+        for waiting in tree.waiting:
+            if isinstance(waiting, ev.Publish):
+                out.append(ev.CommandFailed(waiting.request, "unsubscribed before publishing"))
         return out
+
+    def _on_create(self, cmd: ev.CreateTopic, now: float) -> Out:
+        try:
+            meta, topic = build_topic(self.identity, cmd, now)
+        except InvalidDescriptor as exc:
+            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}")]
+        job = _TopicJob(cmd.request, topic, meta, {meta.cid, topic.cid})
+        self._topic_jobs[meta.cid] = self._topic_jobs[topic.cid] = job
+        return [ev.StoreDht(meta.cid, meta.block), ev.StoreDht(topic.cid, topic.block)]
+
+    def _on_update(self, cmd: ev.UpdateTopic, now: float) -> Out:
+        tree = self._trees.get(cmd.topic)
+        current = self.versions.latest(cmd.topic)
+        if tree is None or current is None:
+            return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
+        if current.author != self.me:
+            return [ev.CommandFailed(cmd.request, "only the topic's author may update it")]
+        if current.is_meta:
+            return [ev.CommandFailed(cmd.request, "a meta topic has no versions")]
+        heads = self.backfill.heads(cmd.topic)
+        if tree.last_seen is not None and tree.last_seen not in heads:
+            heads.append(tree.last_seen)  # our own event still on its way into the DHT
+        try:
+            version = build_version(self.identity, current, cmd.changes, heads, now)
+        except InvalidDescriptor as exc:
+            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}")]
+        self._topic_jobs[version.cid] = _TopicJob(cmd.request, version, None, {version.cid})
+        return [ev.StoreDht(version.cid, version.block)]
+
+    def _topic_stored(self, job: _TopicJob, result: ev.DhtStored, now: float) -> Out:
+        job.left.discard(result.cid)
+        if job.failed:
+            return []
+        if result.acks < self.config.min_acks:
+            job.failed = True
+            self.metrics["store_quorum_failed"] += 1
+            return [ev.CommandFailed(job.request, self._quorum_reason(result.acks, "topic"))]
+        if job.left:
+            return []
+        topic = job.topic
+        if job.meta is not None:  # created: root of both trees
+            out = self._on_subscribe(ev.Subscribe(job.meta, True, now), now)
+            out += self._on_subscribe(ev.Subscribe(topic, True, now), now)
+            out.append(ev.TopicReady(job.request, topic))
+            return out
+        out = self._add_version(topic, now)
+        assert topic.parent is not None
+        first = self.versions.first_of(topic.cid)
+        tree = None if first is None else self._trees.get(first)
+        meta_tree = None if topic.meta is None else self._trees.get(topic.meta)
+        if tree is not None:
+            out += self._arm_record(tree, 0.0)  # the record names the new version
+        if meta_tree is None:
+            out.append(ev.TopicReady(job.request, topic))
+            return out
+        announcement = EventDescriptor.create(
+            self.identity,
+            meta_tree.topic.cid,
+            topic.cid.raw,
+            parent=self._parent_for(meta_tree),
+            now=now,
+        )
+        return out + self._publish(
+            meta_tree, announcement, None, then=ev.TopicReady(job.request, topic)
+        )
 
     def _on_publish(self, cmd: ev.Publish, now: float) -> Out:
         tree = self._trees.get(cmd.topic)
         if tree is None:
-            return [ev.PublishFailed(cmd.request, "not in this topic's tree; subscribe first")]
-        topic = tree.latest
+            return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
+        if tree.topic.is_meta:
+            return [ev.CommandFailed(cmd.request, "meta topics carry only topic versions")]
+        if not tree.synced:
+            return self._wait_for_sync(tree, cmd)
+        topic = self.versions.latest(tree.topic.cid)
+        assert topic is not None
         if topic.event_linking is EventLinking.LAST_SEEN and cmd.parent is not None:
-            return [ev.PublishFailed(cmd.request, "topic links events LAST_SEEN; no parent")]
-        parent = tree.last_seen if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
+            return [ev.CommandFailed(cmd.request, "topic links events LAST_SEEN; no parent")]
+        if topic.event_linking is EventLinking.CUSTOM and cmd.parent is not None:
+            problem = self._check_parent(tree, cmd.parent)
+            if problem == "fetch":
+                return self._fetch_parent(cmd, tree.topic.cid)
+            if problem is not None:
+                return [ev.CommandFailed(cmd.request, problem)]
+        return self._publish_now(tree, topic, cmd, now)
+
+    def _publish_now(
+        self, tree: Tree, topic: TopicDescriptor, cmd: ev.Publish, now: float
+    ) -> Out:
+        parent = (
+            self._parent_for(tree) if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
+        )
         if topic.may_publish(self.me):
             event = EventDescriptor.create(
                 self.identity, topic.cid, cmd.payload, parent=parent, now=now
             )
             return self._publish(tree, event, cmd.request)
         if not topic.may_request(self.me):
-            return [ev.PublishFailed(cmd.request, "not allowed to publish or to request it")]
+            return [ev.CommandFailed(cmd.request, "not allowed to publish or to request it")]
         if not tree.parents:
-            return [ev.PublishFailed(cmd.request, "no parent to carry a request to publish")]
+            return [ev.CommandFailed(cmd.request, "no parent to carry a request to publish")]
         created, signature = EventDescriptor.sign_content(
             self.identity, topic.cid, cmd.payload, now=now
         )
@@ -402,42 +485,184 @@ class PulsarCore:
         )
         return out
 
-    def _publish(self, tree: _Tree, event: EventDescriptor, request: int | None) -> Out:
+    def _check_parent(self, tree: Tree, parent: CID) -> str | None:
+        """A CUSTOM parent must be a valid event of this topic: None if it is, "fetch" if it
+        must be fetched first, else why not."""
+        if parent in tree.seen or self.backfill.known(tree.topic.cid, parent):
+            return None
+        block = self._lookup(parent)
+        if block is None:
+            return "fetch"
+        if self._verify_backfilled(tree.topic.cid, block) is None:
+            return f"parent {parent} is not a valid event of this topic"
+        return None
+
+    def _fetch_parent(self, cmd: ev.Publish, topic: CID) -> Out:
+        waiting = self._parent_checks.get(cmd.parent)  # type: ignore[arg-type]
+        assert cmd.parent is not None
+        if waiting is not None:
+            waiting.append((cmd, topic))
+            return []
+        if len(self._parent_checks) >= self.config.waiting_publishes:
+            return [ev.CommandFailed(cmd.request, "too many parents being checked")]
+        self._parent_checks[cmd.parent] = [(cmd, topic)]
+        return [ev.Fetch(cmd.parent)]
+
+    def _parent_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+        out: Out = []
+        for cmd, topic in self._parent_checks.pop(cid, []):
+            tree = self._trees.get(topic)
+            latest = self.versions.latest(topic)
+            if tree is None or latest is None:
+                out.append(ev.CommandFailed(cmd.request, "left the topic before publishing"))
+            elif block is None:
+                out.append(ev.CommandFailed(cmd.request, f"parent {cid} not found"))
+            elif self._verify_backfilled(topic, block) is None:
+                reason = f"parent {cid} is not a valid event of this topic"
+                out.append(ev.CommandFailed(cmd.request, reason))
+            else:
+                out.append(ev.StoreLocal(cid, block))
+                out += self._publish_now(tree, latest, cmd, now)
+        return out
+
+    # ------------------------------------------------------------------ learning before publishing
+
+    def _wait_for_sync(self, tree: Tree, item: ev.Publish | tuple[PeerId, RequestToPublish]) -> Out:
+        if len(tree.waiting) >= self.config.waiting_publishes:
+            if isinstance(item, ev.Publish):
+                return [ev.CommandFailed(item.request, "too many publishes waiting for the topic")]
+            return self._reject(item[0], "too many requests to publish waiting")
+        tree.waiting.append(item)
+        return self._start_sync(tree)
+
+    def _start_sync(self, tree: Tree) -> Out:
+        """Look up the topic's heads records before publishing, so the node judges and
+        publishes under the latest version and links to the latest events."""
+        if tree.synced or tree.sync_round > 0:
+            return []
+        tree.sync_round = 1
+        latest = self.versions.latest(tree.topic.cid) or tree.topic
+        publishers = [tree.topic.author]
+        if latest.allowed_publishers.enabled:
+            publishers += [p for p in latest.allowed_publishers.peers if p != self.me]
+        chosen = tuple(dict.fromkeys(publishers))[: self.config.sync_publishers]
+        tree.sync_asked.update(chosen)
+        return [ev.FetchRecords(tree.topic.cid, chosen)]
+
+    def _on_records(self, msg: ev.RecordsFetched, now: float) -> Out:
+        tree = self._trees.get(msg.topic)
+        if tree is None or tree.synced:
+            return []
+        out: Out = []
+        heads: list[CID] = []
+        newest: HeadsRecord | None = None
+        found: list[PeerId] = []
+        for record in msg.records:
+            if record.topic != tree.topic.cid or record.publisher not in tree.sync_asked:
+                continue
+            if self.versions.get(record.version) is None:
+                tree.sync_waiting.add(record.version)
+                out += self._fetch_version(record.version)
+            heads += record.heads
+            if newest is None or record.created > newest.created:
+                newest = record
+            found += [p for p in record.peers if p not in tree.sync_asked and p != self.me]
+        if heads and tree.deliver:
+            out += self.backfill.learn_heads(tree.topic.cid, dict.fromkeys(heads), None, now)
+        if newest is not None and newest.heads and tree.hint is None:
+            tree.hint = newest.heads[-1]
+        more = tuple(dict.fromkeys(found))[: self.config.sync_publishers]
+        if more and tree.sync_round < self.config.sync_rounds:
+            tree.sync_round += 1
+            tree.sync_asked.update(more)
+            out.append(ev.FetchRecords(tree.topic.cid, more))
+            return out
+        tree.records_done = True
+        return out + self._maybe_synced(tree, now)
+
+    def _maybe_synced(self, tree: Tree, now: float) -> Out:
+        """Synced once the records were read, the versions they name fetched, and the
+        tree is attached (our parent's JOINED carries its current heads, fresher than any
+        record) or we act as its root."""
+        if tree.synced or not tree.records_done or tree.sync_waiting:
+            return []
+        if not (tree.acting_root or tree.confirmed & tree.parents):
+            self._syncing.add(tree.topic.cid)
+            return []
+        self._syncing.discard(tree.topic.cid)
+        tree.synced = True
+        out: Out = []
+        waiting, tree.waiting = tree.waiting, []
+        for item in waiting:
+            if isinstance(item, ev.Publish):
+                out += self._on_publish(item, now)
+            else:
+                out += self._on_request(item[0], item[1], now)
+        return out
+
+    # ------------------------------------------------------------------ publishing
+
+    def _publish(
+        self,
+        tree: Tree,
+        event: EventDescriptor,
+        request: int | None,
+        *,
+        then: ev.TopicReady | None = None,
+    ) -> Out:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
-        self._pending_store[event.cid] = (tree.topic.cid, event, request)
+        self._stores.add(Stored(tree.topic.cid, event, request, then))
         return [ev.StoreDht(event.cid, event.block)]
 
     def _on_dht_stored(self, result: ev.DhtStored, now: float) -> Out:
-        pending = self._pending_store.pop(result.cid, None)
-        if pending is None:
-            return []
-        parent = pending[1].parent
-        if parent is not None and (parent in self._pending_store or parent in self._stored_early):
-            # DHT stores finish out of order; sending this first would open a gap (and a
-            # WANT) at every subscriber for an event that is a moment behind.
-            self._stored_early[result.cid] = pending
-            self._after_parent.setdefault(parent, []).append(result.cid)
-            return []
+        job = self._topic_jobs.pop(result.cid, None)
+        if job is not None:
+            return self._topic_stored(job, result, now)
+        ready, failed = self._stores.complete(result.cid, result.acks, self.config.min_acks)
         out: Out = []
-        ready = [pending]
-        while ready:
-            item = ready.pop()
+        for item in ready:
             out += self._forward_published(item, now)
-            for child in self._after_parent.pop(item[1].cid, ()):
-                ready.append(self._stored_early.pop(child))
+        for item in reversed(failed):  # newest first: LAST_SEEN walks back past them all
+            out += self._store_failed(item, result.acks)
         return out
 
-    def _forward_published(self, pending: _Stored, now: float) -> Out:
+    def _store_failed(self, item: Stored, acks: int) -> Out:
+        """Not persisted: the event is not forwarded and its publish fails; the tree's
+        next LAST_SEEN event links to what came before it."""
+        self.metrics["store_quorum_failed"] += 1
+        tree = self._trees.get(item.tree)
+        if tree is not None:
+            tree.seen.pop(item.event.cid, None)
+            if tree.last_seen == item.event.cid:
+                tree.last_seen = item.event.parent
+        reason = self._quorum_reason(acks, "event")
+        out: Out = []
+        if item.request is not None:
+            out.append(ev.CommandFailed(item.request, reason))
+        if item.then is not None:
+            out.append(ev.CommandFailed(item.then.request, f"announcement: {reason}"))
+        return out
+
+    def _quorum_reason(self, acks: int, what: str) -> str:
+        return (
+            f"{what} stored on {acks} DHT node(s), fewer than the {self.config.min_acks} "
+            "required (min_acks); not published — is the node connected to its network?"
+        )
+
+    def _forward_published(self, pending: Stored, now: float) -> Out:
         """Our own event is in the DHT: deliver it here and send it down the tree."""
-        topic_cid, event, request = pending
+        topic_cid, event = pending.tree, pending.event
         self.metrics["published"] += 1
         out: Out = []
-        if request is not None:
-            out.append(ev.Published(request, event))
+        if pending.request is not None:
+            out.append(ev.Published(pending.request, event))
+        if pending.then is not None:
+            out.append(pending.then)
         tree = self._trees.get(topic_cid)
         if tree is None:
             return out
+        self._saw_publisher(tree, event.publisher)
         out += self.backfill.accepted(topic_cid, event, 0, None, now)
         self._match_request(tree, event, out)
         message = Event(topic_cid, event.block, 1)
@@ -445,23 +670,88 @@ class PulsarCore:
             out.append(ev.Send(peer, message))
             self.metrics["forwarded"] += 1
         out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
+        if not tree.topic.is_meta:
+            out += self._arm_record(tree, self.config.record_delay)
         return out
+
+    # ------------------------------------------------------------------ heads records
+
+    def _arm_record(self, tree: Tree, delay: float) -> Out:
+        if tree.record_armed:
+            return []
+        tree.record_armed = True
+        return [ev.SetTimer(delay, RecordTimer(tree.topic.cid))]
+
+    def _write_record(self, tree: Tree, now: float) -> Out:
+        tree.record_armed = False
+        latest = self.versions.latest(tree.topic.cid)
+        if latest is None:
+            return []
+        heads = self.backfill.heads(tree.topic.cid)
+        if tree.last_seen is not None and tree.last_seen not in heads:
+            heads.append(tree.last_seen)
+        tree.record_seq = max(tree.record_seq + 1, int(now * 1000))
+        peers = tuple(p for p in tree.publishers if p != self.me)[-MAX_RECORD_PEERS:]
+        record = HeadsRecord.create(
+            self.identity,
+            tree.topic.cid,
+            tree.record_seq,
+            latest.cid,
+            tuple(heads[-MAX_RECORD_HEADS:]),
+            peers,
+            now=now,
+        )
+        self.metrics["records_written"] += 1
+        return [ev.StoreRecord(record)]
+
+    def _saw_publisher(self, tree: Tree, publisher: PeerId) -> None:
+        tree.publishers[publisher] = None
+        tree.publishers.move_to_end(publisher)
+        if len(tree.publishers) > MAX_RECORD_PEERS + 1:
+            tree.publishers.popitem(last=False)
 
     # ------------------------------------------------------------------ messages
 
-    def _on_received(self, msg: ev.Received, now: float) -> Out:
-        handler = self._receive.get(type(msg.message))
-        if handler is None:
-            return [ev.Rejected(msg.peer, f"unexpected message {type(msg.message).__name__}")]
-        topic = getattr(msg.message, "topic", None)
-        tree = self._trees.get(topic) if isinstance(topic, CID) else None
-        if tree is not None and msg.peer in tree.parents and type(msg.message) is Joined:
-            tree.confirmed.add(msg.peer)  # the parent took us as a child
-            tree.retries.pop(msg.peer, None)
-        return handler(msg.peer, msg.message, now)
-
-    def _on_ping(self, peer: PeerId, msg: Ping, now: float) -> Out:
-        return [ev.Send(peer, Pong(msg.nonce))]
+    def _on_received(self, peer: PeerId, message: ev.Message, now: float) -> Out:
+        match message:
+            case Join():
+                return self._on_join(peer, message, now)
+            case Leave():
+                return self._on_leave(peer, message, now)
+            case Event():
+                return self._on_event(peer, message, now)
+            case RequestToPublish():
+                return self._on_request(peer, message, now)
+            case Ping():
+                return [ev.Send(peer, Pong(message.nonce))]
+            case Pong():
+                return []
+            case IHave():
+                return self.lazy.on_ihave(peer, message, self._known_in(message.topic), now)
+            case Graft():
+                return self.lazy.on_graft(peer, message, now)
+            case Prune():
+                return self.lazy.on_prune(peer, message, now)
+            case Shuffle():
+                return self.lazy.on_shuffle(peer, message, now)
+            case Want():
+                return self.backfill.on_want(peer, message, now)
+            case Blocks():
+                return self.backfill.on_blocks(peer, message, now)
+            case Joined():
+                tree = self._trees.get(message.topic)
+                if tree is not None and peer in tree.parents:
+                    tree.confirmed.add(peer)  # the parent took us as a child
+                    tree.retries.pop(peer, None)
+                    if message.heads:
+                        tree.hint = message.heads[-1]  # the freshest word on the heads
+                return self.backfill.on_heads(peer, message, now)
+            case Heads():
+                return self.backfill.on_heads(peer, message, now)
+            case Subs():
+                return self._reject(peer, "a floodsub message on a pulsarcast node")
+            case _:
+                assert_never(message)
 
     def _on_join(self, peer: PeerId, msg: Join, now: float) -> Out:
         tree = self._trees.get(msg.topic)
@@ -473,8 +763,8 @@ class PulsarCore:
                 return self._reject(peer, f"join for {msg.topic}: {exc}")
             if topic.parent is not None:
                 return self._reject(peer, "join must name a topic's first version")
-            out = self._register_version(topic, now)
-            tree = self._new_tree(topic, deliver=False)
+            out = self._add_version(topic, now)
+            tree = self.router.new_tree(topic, deliver=False)
             out += self.lazy.start(topic.cid)
             out += self.backfill.open(topic.cid, now, deliver=False, since=now)
         if peer in tree.parents:
@@ -488,7 +778,7 @@ class PulsarCore:
         out.append(ev.Send(peer, Joined(msg.topic, heads)))
         if tree.in_tree():
             return out
-        return out + self._join(tree, now)
+        return out + self.router.join(tree, now)
 
     def _on_leave(self, peer: PeerId, msg: Leave, now: float) -> Out:
         tree = self._trees.get(msg.topic)
@@ -501,18 +791,15 @@ class PulsarCore:
             # are avoided.
             tree.parents.discard(peer)
             tree.retries.pop(peer, None)
-            return self._prune_idle(tree) or self._join(tree, now)
+            return self._prune_idle(tree) or self.router.join(tree, now)
         return self._prune_idle(tree)
 
-    def _prune_idle(self, tree: _Tree) -> Out:
+    def _prune_idle(self, tree: Tree) -> Out:
         """A pure relay (not subscribed, not the author) with no children left has no
         reason to stay in the tree: leave it, as Scribe does."""
-        if tree.deliver or tree.children or tree.topic.author == self.me:
+        if tree.deliver or tree.children or tree.topic.author == self.me or tree.waiting:
             return []
-        if tree.requests or any(
-            p[0] == tree.topic.cid
-            for p in itertools.chain(self._pending_store.values(), self._stored_early.values())
-        ):
+        if tree.requests or self._stores.busy(tree.topic.cid):
             return []
         del self._trees[tree.topic.cid]
         self.lazy.stop(tree.topic.cid)
@@ -533,24 +820,32 @@ class PulsarCore:
             event = EventDescriptor.from_block(msg.block, cid)
         except InvalidDescriptor as exc:
             return self._reject(peer, f"event {cid}: {exc}")
-        version = self._topics.get(event.topic)
-        if version is None or event.topic not in self._lineage:
+        if self.versions.get(event.topic) is None:
             return self._park(event.topic, peer, msg)
-        if self._lineage[event.topic] != tree.topic.cid:
-            return self._reject(peer, f"event {cid} belongs to another topic")
-        try:
-            check_rights(event, version)
-        except InvalidDescriptor as exc:
-            return self._reject(peer, str(exc))
+        problem = self._judge(tree, event)
+        if problem is not None:
+            return self._reject(peer, problem)
         if peer is not None:
             tree.retries.pop(peer, None)
         return self._accept(tree, event, msg.hop, peer, now)
 
+    def _judge(self, tree: Tree, event: EventDescriptor) -> str | None:
+        """Why ``event`` may not enter ``tree`` (None: it may). The meta topic takes
+        events from its author only; every other topic follows the rights rule."""
+        if tree.topic.is_meta:
+            if self.versions.first_of(event.topic) != tree.topic.cid:
+                return f"event {event.cid} belongs to another topic"
+            if event.publisher != tree.topic.author or event.author != tree.topic.author:
+                return f"event {event.cid}: only the author publishes on a meta topic"
+            return None
+        return self.versions.admit(tree.topic.cid, event)
+
     def _accept(
-        self, tree: _Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
+        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
     ) -> Out:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
+        self._saw_publisher(tree, event.publisher)
         out: Out = [ev.StoreLocal(event.cid, event.block)]
         if tree.deliver and hop > self.metrics["max_hop"]:
             self.metrics["max_hop"] = hop
@@ -564,7 +859,7 @@ class PulsarCore:
         out += self.lazy.accepted(tree.topic.cid, event.cid, hop, sender, now)
         return out
 
-    def _match_request(self, tree: _Tree, event: EventDescriptor, out: Out) -> None:
+    def _match_request(self, tree: Tree, event: EventDescriptor, out: Out) -> None:
         if event.author == self.me and tree.requests:
             request = tree.requests.pop(event.author_signature, None)
             if request is not None:
@@ -574,17 +869,24 @@ class PulsarCore:
         tree = self._trees.get(msg.topic)
         if tree is None:
             return self._reject(peer, f"request to publish on {msg.topic}, not our tree")
-        version = self._topics.get(msg.version)
-        if version is None or self._lineage.get(msg.version) != tree.topic.cid:
+        if self.versions.first_of(msg.version) != tree.topic.cid:
             return self._reject(peer, f"request names unknown version {msg.version}")
-        if not version.may_request(msg.author):
-            return self._reject(peer, f"{msg.author} may not request to publish")
-        latest = tree.latest
+        latest = self.versions.latest(tree.topic.cid)
+        assert latest is not None
         if not latest.may_publish(self.me):
             if not tree.parents:
                 return self._reject(peer, "request reached the root; nobody may publish it")
             return [ev.Send(p, msg) for p in sorted(tree.parents, key=bytes)]
-        parent = tree.last_seen if latest.event_linking is EventLinking.LAST_SEEN else msg.parent
+        if not tree.synced:
+            return self._wait_for_sync(tree, (peer, msg))
+        if not latest.may_request(msg.author):
+            return self._reject(peer, f"{msg.author} may not request to publish")
+        if latest.event_linking is EventLinking.LAST_SEEN:
+            parent = self._parent_for(tree)
+        else:
+            parent = msg.parent
+            if parent is not None and self._check_parent(tree, parent) is not None:
+                return self._reject(peer, f"request names parent {parent}, not known here")
         try:
             event = EventDescriptor.create(
                 self.identity,
@@ -614,140 +916,163 @@ class PulsarCore:
                 # never answered our JOIN and cannot even be dialled is routed around at
                 # once (e.g. an offline author), not retried with backoff.
                 never_reached = isinstance(down, ev.SendFailed) and peer not in tree.confirmed
-                out += self._parent_failed(tree, peer, now, give_up=never_reached)
+                out += self.router.parent_failed(tree, peer, now, give_up=never_reached)
         return out
-
-    def _parent_failed(self, tree: _Tree, peer: PeerId, now: float, *,
-                       give_up: bool = False) -> Out:
-        """Retry a parent with backoff; after ``parent_retries`` route around it."""
-        attempt = tree.retries.get(peer, 0) + 1
-        tree.retries[peer] = attempt
-        if attempt <= self.config.parent_retries and not give_up:
-            delay = self.config.parent_retry_delay * 2 ** (attempt - 1)
-            return [ev.SetTimer(delay, RetryParent(tree.topic.cid, peer))]
-        tree.parents.discard(peer)
-        tree.retries.pop(peer, None)
-        tree.avoid[peer] = now + self.config.avoid_for
-        return self._join(tree, now)
 
     def _on_timer(self, fired: ev.TimerFired, now: float) -> Out:
         timer = fired.timer
-        if isinstance(timer, BackfillTimer):
-            return self.backfill.on_timer(timer, now)
-        if isinstance(timer, RetryParent):
-            tree = self._trees.get(timer.topic)
-            if tree is None or timer.peer not in tree.parents:
-                return []
-            # Re-sending the JOIN both probes the parent and restores our place with it if
-            # it restarted; a failure comes back as SendFailed and counts another attempt.
-            return self._send_join(tree, timer.peer)
-        if isinstance(timer, JoinTimeout):
-            tree = self._trees.get(timer.topic)
-            if tree is None or timer.peer not in tree.parents or timer.peer in tree.confirmed:
-                return []
-            return self._parent_failed(tree, timer.peer, now)
-        if isinstance(timer, RootCheck):
-            tree = self._trees.get(timer.topic)
-            if tree is None or not tree.acting_root or tree.topic.author == self.me:
-                return []
-            return self._join(tree, now)
-        if isinstance(timer, RequestTimeout):
-            tree = self._trees.get(timer.topic)
-            if tree is None:
-                return []
-            request = tree.requests.pop(timer.signature, None)
-            if request is None:
-                return []
-            return [ev.PublishFailed(request, "no event came back for the request to publish")]
-        topic = getattr(timer, "topic", None)
-        if isinstance(topic, CID):
-            return self.lazy.on_timer(timer, self._known_in(topic), now)
-        return []
+        match timer:
+            case GapTimeout() | WantTimeout() | RetryFetch() | HeadsTick():
+                return self.backfill.on_timer(timer, now)
+            case DispatchTimer() | GraftTimer() | ShuffleTimer():
+                return self.lazy.on_timer(timer, self._known_in(timer.topic), now)
+            case RetryParent() | JoinTimeout() | RootCheck():
+                return self.router.on_timer(timer, now)
+            case RequestTimeout():
+                tree = self._trees.get(timer.topic)
+                if tree is None:
+                    return []
+                request = tree.requests.pop(timer.signature, None)
+                if request is None:
+                    return []
+                return [ev.CommandFailed(request, "no event came back for the request to publish")]
+            case RecordTimer():
+                tree = self._trees.get(timer.topic)
+                return [] if tree is None else self._write_record(tree, now)
+            case Greet():
+                return []  # a floodsub timer: never set by this core
+            case _:
+                assert_never(timer)
 
     # ------------------------------------------------------------------ topic versions
 
-    def _register_version(self, topic: TopicDescriptor, now: float) -> Out:
-        """Record a validated topic version and, if its lineage is known, release events
-        that waited for it."""
-        self._topics[topic.cid] = topic
-        if topic.parent is None:
-            self._lineage[topic.cid] = topic.cid
-        elif topic.parent in self._lineage:
-            root = self._topics[self._lineage[topic.parent]]
-            if root.author != topic.author:
-                self._topics.pop(topic.cid)
-                return self._drop_parked(topic.cid, "topic version by another author")
-            self._lineage[topic.cid] = root.cid
-        else:
-            self._fetching.setdefault(topic.cid, [])
-            return self._fetch(topic.parent)
-        root_cid = self._lineage[topic.cid]
-        tree = self._trees.get(root_cid)
-        if tree is not None and _newer(topic, tree.latest):
-            tree.latest = topic
+    def _add_version(self, topic: TopicDescriptor, now: float) -> Out:
+        """Register a validated topic version; fetch its parent if the lineage is not known
+        yet; adopt it where it is the newest; release what waited for it."""
+        added = self.versions.add(topic)
         out: Out = []
-        for waiting, _ in list(self._fetching.items()):
-            known = self._topics.get(waiting)
-            if known is not None and known.parent == topic.cid and waiting not in self._lineage:
-                out += self._register_version(known, now)
-        return out + self._release(topic.cid, now)
+        if added.refused is not None:
+            out += self._version_gone(topic.cid, added.refused)
+            return out
+        if added.missing is not None:
+            return self._fetch_version(added.missing)
+        for version in added.registered:
+            first = self.versions.first_of(version.cid)
+            assert first is not None
+            tree = self._trees.get(first)
+            adopted = version.parent is not None and self.versions.latest(first) is version
+            if tree is not None and adopted:
+                out.append(ev.StoreLocal(version.cid, version.block))
+                out.append(ev.VersionAdopted(first, version))
+            out += self._release(version.cid, now)
+            out += self._version_resolved(version.cid, now)
+        return out
 
-    def _park(self, version: CID, peer: PeerId | None, msg: Any) -> Out:
-        if self._parked >= self.config.parked_limit:
-            return self._reject(peer, "too many events waiting for topic versions")
-        waiting = self._fetching.get(version)
-        self._parked += 1
-        if waiting is not None:
-            waiting.append((peer, msg))
+    def _fetch_version(self, cid: CID) -> Out:
+        if cid in self._version_fetches or self.versions.get(cid) is not None:
             return []
-        self._fetching[version] = [(peer, msg)]
-        return [ev.Fetch(version)]
-
-    def _fetch(self, cid: CID) -> Out:
-        if self._fetching.get(cid):
-            return []
-        if len(self._fetching) > self.config.parked_limit:
-            return []
-        self._fetching.setdefault(cid, [])
+        if len(self._version_fetches) >= self.config.parked_limit:
+            return self._version_gone(cid, "too many topic versions being fetched")
+        self._version_fetches.add(cid)
         return [ev.Fetch(cid)]
 
+    def _version_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+        self._version_fetches.discard(cid)
+        if block is None:
+            return self._version_gone(cid, "topic version not found")
+        try:
+            topic = TopicDescriptor.from_block(block, cid)
+        except InvalidDescriptor as exc:
+            return self._version_gone(cid, f"invalid topic version: {exc}")
+        return [ev.StoreLocal(cid, block), *self._add_version(topic, now)]
+
+    def _version_gone(self, cid: CID, reason: str) -> Out:
+        """``cid`` (a version or a parent some versions wait for) will not register: drop
+        what waited on it, and stop waiting for it before publishing."""
+        out: Out = []
+        gone = [cid, *self.versions.drop_orphan(cid)]
+        for waiting in list(self.versions.waiting_on(cid)):
+            gone += self.versions.drop_orphan(waiting)
+        for version in dict.fromkeys(gone):
+            out += self._drop_parked(version, reason)
+            out += self._version_resolved(version, 0.0)
+        return out
+
+    def _version_resolved(self, cid: CID, now: float) -> Out:
+        out: Out = []
+        for tree in list(self._trees.values()):
+            if cid in tree.sync_waiting:
+                tree.sync_waiting.discard(cid)
+                out += self._maybe_synced(tree, now)
+        return out
+
+    def _announced(self, event: EventDescriptor, now: float) -> Out:
+        """A meta-topic event (author-only, already judged) names a new topic version by
+        its CID: fetch it and adopt it (its lineage and author are checked on the way)."""
+        if not isinstance(event.payload, bytes):
+            return self._reject(None, f"meta event {event.cid} does not carry a version CID")
+        try:
+            cid = CID.parse(event.payload)
+        except ValueError:
+            return self._reject(None, f"meta event {event.cid} does not carry a version CID")
+        if self.versions.get(cid) is not None:
+            return []
+        block = self._lookup(cid)
+        if block is not None:
+            return self._version_fetched(cid, block, now)
+        return self._fetch_version(cid)
+
+    def _park(self, version: CID, peer: PeerId | None, msg: Event) -> Out:
+        if self._parked_count >= self.config.parked_limit:
+            return self._reject(peer, "too many events waiting for topic versions")
+        self._parked_count += 1
+        self._parked.setdefault(version, []).append((peer, msg))
+        return self._fetch_version(version)
+
     def _release(self, version: CID, now: float) -> Out:
-        waiting = self._fetching.pop(version, [])
-        self._parked -= len(waiting)
+        waiting = self._parked.pop(version, [])
+        self._parked_count -= len(waiting)
         out: Out = []
         for peer, msg in waiting:
             out += self._on_event(peer, msg, now)
         return out
 
     def _drop_parked(self, version: CID, reason: str) -> Out:
-        waiting = self._fetching.pop(version, [])
-        self._parked -= len(waiting)
+        waiting = self._parked.pop(version, [])
+        self._parked_count -= len(waiting)
         out: Out = []
         for peer, _ in waiting:
             out += self._reject(peer, f"{reason} ({version})")
         return out
 
     def _on_block_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
-        if self.backfill.fetching(fetched.cid):
-            return self.backfill.on_fetched(fetched.cid, fetched.block, now)
-        if fetched.cid not in self._fetching:
-            return []
-        if fetched.block is None:
-            return self._drop_parked(fetched.cid, "topic version not found")
+        cid, block = fetched.cid, fetched.block
+        out: Out = []
+        if self.backfill.fetching(cid):
+            out += self.backfill.on_fetched(cid, block, now)
+        if block is not None and not cid.verifies(block):
+            block = None
+        if cid in self._version_fetches:
+            out += self._version_fetched(cid, block, now)
+        if cid in self._parent_checks:
+            out += self._parent_fetched(cid, block, now)
+        if cid in self._meta_wanted:
+            self._meta_wanted.discard(cid)
+            if block is None:
+                out += self._reject(None, f"meta topic {cid} not found")
+            else:
+                out.append(ev.StoreLocal(cid, block))
+                out += self._join_meta_block(cid, block, now)
+        return out
+
+    def _join_meta_block(self, cid: CID, block: bytes, now: float) -> Out:
         try:
-            topic = TopicDescriptor.from_block(fetched.block, fetched.cid)
+            meta = TopicDescriptor.from_block(block, cid)
         except InvalidDescriptor as exc:
-            return self._drop_parked(fetched.cid, f"invalid topic version: {exc}")
-        if len(self._topics) > 100_000:
-            return self._drop_parked(fetched.cid, "too many topic versions")
-        depth = 0
-        cursor: TopicDescriptor | None = topic
-        while cursor is not None and cursor.parent is not None and depth < MAX_VERSION_CHAIN:
-            cursor = self._topics.get(cursor.parent)
-            depth += 1
-        if depth >= MAX_VERSION_CHAIN:
-            return self._drop_parked(fetched.cid, "topic version chain too long")
-        return self._register_version(topic, now)
+            return self._reject(None, f"meta topic {cid}: {exc}")
+        if not meta.is_meta or meta.parent is not None:
+            return self._reject(None, f"{cid} is not a meta topic")
+        return self._on_subscribe(ev.Subscribe(meta, True, 0.0), now)
 
     # ------------------------------------------------------------------ helpers
 
@@ -757,16 +1082,35 @@ class PulsarCore:
             event = EventDescriptor.from_block(block)
         except InvalidDescriptor:
             return None
-        version = self._topics.get(event.topic)
-        if version is None or self._lineage.get(event.topic) != topic:
+        tree = self._trees.get(topic)
+        if tree is None or self.versions.get(event.topic) is None:
             return None
-        try:
-            check_rights(event, version)
-        except InvalidDescriptor:
+        if self._judge(tree, event) is not None:
             return None
+        self._saw_publisher(tree, event.publisher)
         return event
 
-    def _remember(self, tree: _Tree, cid: CID) -> None:
+    def _parent_for(self, tree: Tree) -> CID | None:
+        """LAST_SEEN: the newest event this node knows of the topic — what it accepted or
+        published last, else the newest head its durable store or a neighbour named."""
+        if tree.last_seen is not None:
+            return tree.last_seen
+        heads = self.backfill.heads(tree.topic.cid)
+        if heads:
+            return self._newest(heads)
+        return tree.hint
+
+    def _newest(self, cids: tuple[CID, ...] | list[CID]) -> CID:
+        """The CID among ``cids`` whose block (if held) was created last."""
+
+        def key(cid: CID) -> tuple[str, bytes]:
+            block = self._lookup(cid)
+            links = None if block is None else _links_of(block)
+            return ("" if links is None else links[1], cid.raw)
+
+        return max(cids, key=key)
+
+    def _remember(self, tree: Tree, cid: CID) -> None:
         tree.seen[cid] = None
         if len(tree.seen) > self.config.seen_limit:
             del tree.seen[next(iter(tree.seen))]
@@ -775,9 +1119,3 @@ class PulsarCore:
         self.metrics["rejected"] += 1
         return [ev.Rejected(peer, reason)]
 
-
-def _newer(candidate: TopicDescriptor, current: TopicDescriptor) -> bool:
-    """Whether ``candidate`` is a later version than ``current`` (a descendant of it)."""
-    return candidate.parent == current.cid or (
-        candidate.cid != current.cid and candidate.created > current.created
-    )

@@ -3,39 +3,82 @@
 Inputs (what the driver feeds in with ``handle(event, now)``): a message from a peer, an
 application command, a timer firing, a peer going away, the result of a fetch or store.
 Outputs (what the driver must carry out): send a message, set a timer, deliver an event,
-store a block locally or in the DHT, fetch a block, report the outcome of a publish, and
-report a rejected input (for logs and metrics). Timers are values: the core emits
-``SetTimer(delay, timer)`` and later receives ``TimerFired(timer)``.
+store a block locally or in the DHT, fetch a block, store or fetch heads records, report
+the outcome of a command, and report a rejected input (for logs and metrics).
+
+Both sets are closed unions (:data:`InEvent`, :data:`OutEvent`) and so are the messages
+(:data:`Message`) and timers (:data:`~pulsar.proto.timers.Timer`) they carry: the cores
+and the driver ``match`` on them with ``assert_never`` in the default case, so adding a
+kind without handling it everywhere is a type error, not a silent drop.
+
+Commands carry a ``request`` number chosen by the driver; each ends with exactly one
+``Published`` / ``TopicReady`` or ``CommandFailed`` naming it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from dag import CID, EventDescriptor, PeerId, TopicDescriptor
+from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
+from dag.records import HeadsRecord
+
+from .flood_messages import Subs
+from .gossip_messages import Graft, IHave, Prune, Shuffle
+from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
+from .repair_messages import Blocks, Heads, Joined, Want
+from .timers import Timer
 
 __all__ = [
     "BlockFetched",
+    "CommandFailed",
+    "CreateTopic",
     "Deliver",
     "DhtStored",
     "Fetch",
+    "FetchRecords",
+    "GapReported",
     "InEvent",
+    "Message",
     "OutEvent",
     "PeerDown",
     "Publish",
-    "PublishFailed",
     "Published",
     "Received",
+    "RecordsFetched",
     "Rejected",
     "Send",
     "SendFailed",
     "SetTimer",
     "StoreDht",
     "StoreLocal",
+    "StoreRecord",
     "Subscribe",
     "TimerFired",
+    "TopicChanges",
+    "TopicReady",
     "Unsubscribe",
+    "UpdateTopic",
+    "VersionAdopted",
 ]
+
+Message = (
+    Join
+    | Leave
+    | Event
+    | RequestToPublish
+    | Ping
+    | Pong
+    | IHave
+    | Graft
+    | Prune
+    | Shuffle
+    | Want
+    | Blocks
+    | Heads
+    | Joined
+    | Subs
+)
+"""Every message a peer can send (what ``decode_message`` returns)."""
 
 
 # --------------------------------------------------------------------------- inputs
@@ -44,7 +87,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Received:
     peer: PeerId
-    message: object
+    message: Message
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +106,7 @@ class SendFailed:
 
 @dataclass(frozen=True, slots=True)
 class TimerFired:
-    timer: object
+    timer: Timer
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +126,29 @@ class DhtStored:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordsFetched:
+    """Result of a ``FetchRecords``: the valid heads records found (signature and key
+    checked by the driver's DHT), at most one per publisher; empty when none was found."""
+
+    topic: CID
+    records: tuple[HeadsRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Subscribe:
     """Join ``topic``'s tree and deliver its events (``deliver=False``: relay only).
 
     ``since`` is when the subscription began (default: now); events created before it are
     not backfilled, and ``replay=True`` semantics are ``since=0``. ``heads`` are the heads
-    the durable store remembers, so a restarted node backfills only what it missed."""
+    the durable store remembers and ``versions`` the later topic versions it knows (oldest
+    first), so a restarted node backfills only what it missed, judges events by the
+    latest rules and links its next event to what it saw last."""
 
     topic: TopicDescriptor
     deliver: bool = True
     since: float | None = None
     heads: tuple[CID, ...] = ()
+    versions: tuple[TopicDescriptor, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +158,48 @@ class Unsubscribe:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Publish ``payload`` on the tree of ``topic``; ``request`` identifies the outcome."""
+    """Publish ``payload`` on the tree of ``topic``; ``request`` identifies the outcome.
+    ``parent`` is a CUSTOM link (LAST_SEEN topics refuse one)."""
 
     topic: CID
     payload: bytes | CID
     parent: CID | None
     request: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    """Algorithm 1: create a topic (and its meta topic) authored by this node, store both
+    in the DHT and become the root of both trees; answered by ``TopicReady``."""
+
+    request: int
+    name: str
+    allowed_publishers: tuple[PeerId, ...] | None = None
+    request_to_publish: tuple[PeerId, ...] | bool | None = None
+    event_linking: EventLinking = EventLinking.LAST_SEEN
+    subtopics: tuple[tuple[str, CID], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicChanges:
+    """What an update changes; None keeps the current value."""
+
+    name: str | None = None
+    allowed_publishers: PublishRule | None = None
+    request_to_publish: PublishRule | None = None
+    event_linking: EventLinking | None = None
+    subtopics: tuple[tuple[str, CID], ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateTopic:
+    """A new version of ``topic`` (its first version's CID): built on the latest version,
+    recording the topic's heads at this moment, stored, and announced on the meta topic;
+    answered by ``TopicReady`` once the announcement is published."""
+
+    request: int
+    topic: CID
+    changes: TopicChanges = field(default_factory=TopicChanges)
 
 
 InEvent = (
@@ -118,9 +209,12 @@ InEvent = (
     | TimerFired
     | BlockFetched
     | DhtStored
+    | RecordsFetched
     | Subscribe
     | Unsubscribe
     | Publish
+    | CreateTopic
+    | UpdateTopic
 )
 
 
@@ -130,13 +224,13 @@ InEvent = (
 @dataclass(frozen=True, slots=True)
 class Send:
     peer: PeerId
-    message: object
+    message: Message
 
 
 @dataclass(frozen=True, slots=True)
 class SetTimer:
     delay: float
-    timer: object
+    timer: Timer
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,13 +264,49 @@ class Fetch:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreRecord:
+    """Put this node's signed heads record in the DHT (fire and forget: a newer one
+    follows with the next change)."""
+
+    record: HeadsRecord
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRecords:
+    """Look up the heads records of ``topic`` written by ``publishers``; the driver
+    answers with ``RecordsFetched`` (always, even when it found nothing)."""
+
+    topic: CID
+    publishers: tuple[PeerId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionAdopted:
+    """``version`` is now the latest known version of the tree ``topic``: persist it so a
+    restart judges by it and builds on it (it is also stored as a block)."""
+
+    topic: CID
+    version: TopicDescriptor
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     request: int
     event: EventDescriptor
 
 
 @dataclass(frozen=True, slots=True)
-class PublishFailed:
+class TopicReady:
+    """A ``CreateTopic`` or ``UpdateTopic`` is done: ``topic`` is stored and in use."""
+
+    request: int
+    topic: TopicDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class CommandFailed:
+    """The command ``request`` failed; ``reason`` says why in words for the caller."""
+
     request: int
     reason: str
 
@@ -189,6 +319,36 @@ class Rejected:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class GapReported:
+    """Delivery of ``topic`` went on without ``missing`` (an event that was still missing
+    when the gap opened at ``since``). ``released`` events were delivered before their
+    ancestor. ``reason``: ``timeout``, ``overflow`` (``max_pending``), ``evicted``
+    (``max_gaps``) or ``invalid`` (the missing event exists but fails verification). For
+    the runtime's log and metrics; the application may also be told."""
+
+    topic: CID
+    missing: CID
+    since: float
+    released: int
+    reason: str
+
+
 OutEvent = (
-    Send | SetTimer | Deliver | StoreLocal | StoreDht | Fetch | Published | PublishFailed | Rejected
+    Send
+    | SetTimer
+    | Deliver
+    | StoreLocal
+    | StoreDht
+    | Fetch
+    | StoreRecord
+    | FetchRecords
+    | VersionAdopted
+    | Published
+    | TopicReady
+    | CommandFailed
+    | Rejected
+    | GapReported
 )
+
+Out = list[OutEvent]

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Final
+from typing import assert_never
 
 from dag import (
     CID,
@@ -45,39 +45,16 @@ from dag import (
 from dag.cid import cid_of
 
 from . import events as ev
-from .core import Routing, TreeView
-from .messages import Event, MessageError, _cid, register
+from .events import Out
+from .flood_messages import MAX_SUBS, Subs
+from .messages import Event
+from .timers import Greet
+from .topics import build_topic, build_version
+from .tree import Routing, TreeView
 
-__all__ = ["FloodConfig", "FloodCore", "Subs"]
-
-MAX_SUBS: Final = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Subs:
-    """A subscription announcement: the sender is (``on``) or is no longer a member."""
-
-    topics: tuple[CID, ...]
-    on: bool
-    T: ClassVar[str] = "subs"
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"t": self.T, "topics": list(self.topics), "on": self.on}
-
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Subs:
-        topics, on = m["topics"], m["on"]
-        if not isinstance(topics, list) or len(topics) > MAX_SUBS:
-            raise MessageError(f"subs.topics must be a list of at most {MAX_SUBS} links")
-        if not isinstance(on, bool):
-            raise MessageError("subs.on must be a boolean")
-        parsed = tuple(_cid(t, "subs.topics[]") for t in topics)
-        if len(set(parsed)) != len(parsed):
-            raise MessageError("subs.topics has duplicates")
-        return cls(parsed, on)
+__all__ = ["FloodConfig", "FloodCore", "Greet", "Subs"]
 
 
-register(Subs, {"topics", "on"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +65,6 @@ class FloodConfig:
     """Event CIDs remembered for de-duplication (oldest forgotten first)."""
     max_peers: int = 10_000
     """Known peers considered (the whole routing table of any realistic node)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Greet:
-    """The timer that greets peers we have not told our subscriptions yet."""
 
 
 @dataclass(slots=True)
@@ -136,22 +108,37 @@ class FloodCore:
             "published": 0,
             "max_hop": 0,
         }
-        self._dispatch: dict[type, Callable[[Any, float], list[Any]]] = {
-            ev.Received: self._on_received,
-            ev.PeerDown: self._on_peer_down,
-            ev.SendFailed: self._on_peer_down,
-            ev.TimerFired: self._on_timer,
-            ev.BlockFetched: lambda e, now: [],
-            ev.DhtStored: lambda e, now: [],
-            ev.Subscribe: self._on_subscribe,
-            ev.Unsubscribe: self._on_unsubscribe,
-            ev.Publish: self._on_publish,
-        }
+        self._jobs: dict[CID, tuple[int, TopicDescriptor, TopicDescriptor | None, set[CID]]] = {}
+        self._announced: dict[CID, CID] = {}  # version being fetched -> its tree
 
     # ------------------------------------------------------------------ public surface
 
-    def handle(self, event: Any, now: float) -> list[Any]:
-        return self._dispatch[type(event)](event, now)
+    def handle(self, event: ev.InEvent, now: float) -> Out:
+        match event:
+            case ev.Received():
+                return self._on_received(event, now)
+            case ev.PeerDown() | ev.SendFailed():
+                return self._on_peer_down(event, now)
+            case ev.TimerFired():
+                return self._on_timer(event, now)
+            case ev.BlockFetched():
+                return self._on_fetched(event, now)
+            case ev.DhtStored():
+                return self._on_stored(event, now)
+            case ev.RecordsFetched():
+                return []  # never asked: floodsub keeps no heads records
+            case ev.Subscribe():
+                return self._on_subscribe(event, now)
+            case ev.Unsubscribe():
+                return self._on_unsubscribe(event, now)
+            case ev.Publish():
+                return self._on_publish(event, now)
+            case ev.CreateTopic():
+                return self._on_create(event, now)
+            case ev.UpdateTopic():
+                return self._on_update(event, now)
+            case _:
+                assert_never(event)
 
     def tree(self, topic: CID) -> TreeView | None:
         """Floodsub has no tree: its 'children' are all the peers it floods the topic to."""
@@ -171,10 +158,6 @@ class FloodCore:
         t = self._topics.get(topic)
         return None if t is None else t.latest
 
-    def learn_topic(self, descriptor: TopicDescriptor) -> list[Any]:
-        self._versions[descriptor.cid] = descriptor
-        return []
-
     def is_subscribed(self, topic: CID) -> bool:
         t = self._topics.get(topic)
         return t is not None and t.deliver
@@ -188,9 +171,11 @@ class FloodCore:
 
     # ------------------------------------------------------------------ membership
 
-    def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> list[Any]:
+    def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
         topic = cmd.topic
         self._versions[topic.cid] = topic
+        for version in cmd.versions:
+            self._versions[version.cid] = version
         existing = self._topics.get(topic.cid)
         if existing is not None:
             if cmd.deliver and not existing.deliver:
@@ -198,6 +183,8 @@ class FloodCore:
                 return self._announce((topic.cid,), True)
             return []
         self._topics[topic.cid] = _Topic(topic, topic, cmd.deliver)
+        for version in cmd.versions:
+            self._adopt(version)
         out = self._announce((topic.cid,), True) if cmd.deliver else []
         if not self._greeting:
             self._greeting = True
@@ -205,22 +192,22 @@ class FloodCore:
             out.append(ev.SetTimer(self.config.greet_interval, Greet()))
         return out
 
-    def _on_unsubscribe(self, cmd: ev.Unsubscribe, now: float) -> list[Any]:
+    def _on_unsubscribe(self, cmd: ev.Unsubscribe, now: float) -> Out:
         t = self._topics.pop(cmd.topic, None)
         if t is None or not t.deliver:
             return []
         return self._announce((cmd.topic,), False)
 
-    def _announce(self, topics: tuple[CID, ...], on: bool) -> list[Any]:
+    def _announce(self, topics: tuple[CID, ...], on: bool) -> Out:
         message = Subs(topics, on)
         return [ev.Send(p, message) for p in sorted(self._greeted, key=bytes)]
 
     def _subscribed(self) -> tuple[CID, ...]:
         return tuple(c for c, t in self._topics.items() if t.deliver)
 
-    def _greet_new(self) -> list[Any]:
+    def _greet_new(self) -> Out:
         peers = self.routing.closest_peers(_key(self.me), self.config.max_peers)
-        out: list[Any] = []
+        out: Out = []
         mine = self._subscribed()
         for peer in _sorted(peers):
             if peer != self.me and peer not in self._greeted:
@@ -231,15 +218,15 @@ class FloodCore:
                     out.append(ev.Send(peer, Subs((), True)))
         return out
 
-    def _on_timer(self, fired: ev.TimerFired, now: float) -> list[Any]:
+    def _on_timer(self, fired: ev.TimerFired, now: float) -> Out:
         if not isinstance(fired.timer, Greet):
-            return []
+            return []  # the other timers belong to the Pulsarcast core
         if not self._topics:
             self._greeting = False
             return []
         return [*self._greet_new(), ev.SetTimer(self.config.greet_interval, Greet())]
 
-    def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> list[Any]:
+    def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> Out:
         # Forget it; if it comes back it is greeted again and re-announces itself.
         self._greeted.discard(down.peer)
         for members in self._members.values():
@@ -248,7 +235,7 @@ class FloodCore:
 
     # ------------------------------------------------------------------ messages
 
-    def _on_received(self, msg: ev.Received, now: float) -> list[Any]:
+    def _on_received(self, msg: ev.Received, now: float) -> Out:
         message = msg.message
         if isinstance(message, Event):
             return self._on_event(msg.peer, message, now)
@@ -256,7 +243,7 @@ class FloodCore:
             return self._on_subs(msg.peer, message)
         return []  # a Pulsarcast message: not ours to answer
 
-    def _on_subs(self, peer: PeerId, msg: Subs) -> list[Any]:
+    def _on_subs(self, peer: PeerId, msg: Subs) -> Out:
         for topic in msg.topics:
             members = self._members.setdefault(topic, set())
             if msg.on:
@@ -270,7 +257,7 @@ class FloodCore:
                 return [ev.Send(peer, Subs(mine[:MAX_SUBS], True))]
         return []
 
-    def _on_event(self, peer: PeerId, msg: Event, now: float) -> list[Any]:
+    def _on_event(self, peer: PeerId, msg: Event, now: float) -> Out:
         self.metrics["events_received"] += 1
         cid = cid_of(msg.block)
         if cid in self._seen:
@@ -289,47 +276,124 @@ class FloodCore:
             self.metrics["rejected"] += 1
             return [ev.Rejected(peer, str(exc))]
         self._remember(cid)
-        out: list[Any] = [ev.StoreLocal(cid, msg.block)]
+        out: Out = [ev.StoreLocal(cid, msg.block)]
         if t is not None:
             t.last_seen = cid
             if t.deliver:
                 self.metrics["delivered"] += 1
                 self.metrics["max_hop"] = max(self.metrics["max_hop"], msg.hop)
                 out.append(ev.Deliver(msg.topic, event, msg.hop))
+            if t.topic.is_meta and event.publisher == t.topic.author:
+                out += self._announcement(event, msg.topic)
         out += self._flood(msg.topic, msg.block, msg.hop + 1, exclude=peer)
         return out
 
-    def _flood(self, topic: CID, block: bytes, hop: int, exclude: PeerId | None) -> list[Any]:
+    def _flood(self, topic: CID, block: bytes, hop: int, exclude: PeerId | None) -> Out:
         forward = Event(topic, block, hop)
-        out: list[Any] = []
+        out: Out = []
         for member in _sorted(self._members.get(topic, ())):
             if member != exclude and member != self.me:
                 out.append(ev.Send(member, forward))
                 self.metrics["forwarded"] += 1
         return out
 
-    def _on_publish(self, cmd: ev.Publish, now: float) -> list[Any]:
+    def _on_publish(self, cmd: ev.Publish, now: float) -> Out:
         t = self._topics.get(cmd.topic)
         if t is None:
-            return [ev.PublishFailed(cmd.request, "not a member of this topic; subscribe first")]
+            return [ev.CommandFailed(cmd.request, "not a member of this topic; subscribe first")]
         topic = t.latest
         if topic.event_linking is EventLinking.LAST_SEEN and cmd.parent is not None:
-            return [ev.PublishFailed(cmd.request, "topic links events LAST_SEEN; no parent")]
+            return [ev.CommandFailed(cmd.request, "topic links events LAST_SEEN; no parent")]
         if not topic.may_publish(self.me):
             # Floodsub has no request-to-publish: only allowed publishers can publish.
-            return [ev.PublishFailed(cmd.request, "not allowed to publish on this topic")]
+            return [ev.CommandFailed(cmd.request, "not allowed to publish on this topic")]
         parent = t.last_seen if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
         event = EventDescriptor.create(self.identity, topic.cid, cmd.payload, parent=parent,
                                        now=now)
         self._remember(event.cid)
         t.last_seen = event.cid
         self.metrics["published"] += 1
-        out: list[Any] = [ev.StoreLocal(event.cid, event.block)]
+        out: Out = [ev.StoreLocal(event.cid, event.block)]
         if t.deliver:
             out.append(ev.Deliver(cmd.topic, event, 0))
         out += self._flood(cmd.topic, event.block, 1, exclude=None)
         out.append(ev.Published(cmd.request, event))
         return out
+
+    # ------------------------------------------------------------------ topics
+
+    def _on_create(self, cmd: ev.CreateTopic, now: float) -> Out:
+        try:
+            meta, topic = build_topic(self.identity, cmd, now)
+        except InvalidDescriptor as exc:
+            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}")]
+        job = (cmd.request, topic, meta, {meta.cid, topic.cid})
+        self._jobs[meta.cid] = self._jobs[topic.cid] = job
+        return [ev.StoreDht(meta.cid, meta.block), ev.StoreDht(topic.cid, topic.block)]
+
+    def _on_update(self, cmd: ev.UpdateTopic, now: float) -> Out:
+        t = self._topics.get(cmd.topic)
+        if t is None:
+            return [ev.CommandFailed(cmd.request, "not a member of this topic; subscribe first")]
+        if t.latest.author != self.me:
+            return [ev.CommandFailed(cmd.request, "only the topic's author may update it")]
+        heads = [t.last_seen] if t.last_seen is not None else []
+        try:
+            version = build_version(self.identity, t.latest, cmd.changes, heads, now)
+        except InvalidDescriptor as exc:
+            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}")]
+        self._jobs[version.cid] = (cmd.request, version, None, {version.cid})
+        return [ev.StoreDht(version.cid, version.block)]
+
+    def _on_stored(self, stored: ev.DhtStored, now: float) -> Out:
+        """Floodsub keeps no persistence promise: a topic is ready once its stores are
+        answered, whatever the acknowledgements."""
+        job = self._jobs.pop(stored.cid, None)
+        if job is None:
+            return []
+        request, topic, meta, left = job
+        left.discard(stored.cid)
+        if left:
+            return []
+        if meta is not None:
+            out = self._on_subscribe(ev.Subscribe(meta, True, now), now)
+            out += self._on_subscribe(ev.Subscribe(topic, True, now), now)
+            return [*out, ev.TopicReady(request, topic)]
+        self._versions[topic.cid] = topic
+        self._adopt(topic)
+        out = [ev.StoreLocal(topic.cid, topic.block)]
+        if topic.meta is not None and topic.meta in self._topics:
+            out += self._on_publish(ev.Publish(topic.meta, topic.cid.raw, None, -1), now)
+            out = [o for o in out if not (isinstance(o, ev.Published) and o.request == -1)]
+        return [*out, ev.TopicReady(request, topic)]
+
+    def _adopt(self, version: TopicDescriptor) -> None:
+        for t in self._topics.values():
+            if version.parent == t.latest.cid and version.author == t.topic.author:
+                t.latest = version
+
+    def _announcement(self, event: EventDescriptor, meta: CID) -> Out:
+        if not isinstance(event.payload, bytes):
+            return []
+        try:
+            cid = CID.parse(event.payload)
+        except ValueError:
+            return []
+        if cid in self._versions or len(self._announced) > 1000:
+            return []
+        self._announced[cid] = meta
+        return [ev.Fetch(cid)]
+
+    def _on_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
+        if self._announced.pop(fetched.cid, None) is None or fetched.block is None:
+            return []
+        try:
+            version = TopicDescriptor.from_block(fetched.block, fetched.cid)
+        except InvalidDescriptor as exc:
+            return [ev.Rejected(None, f"announced version {fetched.cid}: {exc}")]
+        self._versions[version.cid] = version
+        self._adopt(version)
+        return [ev.StoreLocal(version.cid, fetched.block)]
 
     def _remember(self, cid: CID) -> None:
         self._seen[cid] = None

@@ -29,13 +29,15 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import assert_never
 
 from dag import CID, PeerId
 
 from . import events as ev
+from .events import Out
 from .gossip_messages import MAX_IHAVE, MAX_SAMPLE, Graft, IHave, Prune, Shuffle
 from .messages import Event
+from .timers import DispatchTimer, GraftTimer, PlumtreeTimer, ShuffleTimer
 
 __all__ = ["DispatchTimer", "GraftTimer", "Plumtree", "PlumtreeConfig", "ShuffleTimer"]
 
@@ -59,22 +61,6 @@ class PlumtreeConfig:
     """Hop counts of recent events remembered (for GRAFT answers and the optimisation)."""
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchTimer:
-    topic: CID
-
-
-@dataclass(frozen=True, slots=True)
-class GraftTimer:
-    topic: CID
-    event: CID
-
-
-@dataclass(frozen=True, slots=True)
-class ShuffleTimer:
-    topic: CID
-
-
 @dataclass(slots=True)
 class _Topic:
     passive: dict[PeerId, float] = field(default_factory=dict)
@@ -86,7 +72,6 @@ class _Topic:
     hops: dict[CID, int] = field(default_factory=dict)
 
 
-Out = list[Any]
 Neighbours = Callable[[CID], set[PeerId]]
 Lookup = Callable[[CID], bytes | None]
 
@@ -275,14 +260,16 @@ class Plumtree:
 
     # ------------------------------------------------------------------ timers
 
-    def on_timer(self, timer: object, known: Callable[[CID], bool], now: float) -> Out:
-        if isinstance(timer, DispatchTimer):
-            return self._dispatch(timer.topic)
-        if isinstance(timer, GraftTimer):
-            return self._graft(timer, known)
-        if isinstance(timer, ShuffleTimer):
-            return self._shuffle(timer.topic, now)
-        return []
+    def on_timer(self, timer: PlumtreeTimer, known: Callable[[CID], bool], now: float) -> Out:
+        match timer:
+            case DispatchTimer():
+                return self._dispatch(timer.topic)
+            case GraftTimer():
+                return self._graft(timer, known)
+            case ShuffleTimer():
+                return self._shuffle(timer.topic, now)
+            case _:
+                assert_never(timer)
 
     def _dispatch(self, topic: CID) -> Out:
         state = self._topics.get(topic)

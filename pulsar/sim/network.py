@@ -12,12 +12,12 @@ import heapq
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
-from dag import CID, EventDescriptor, Identity, PeerId
+from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
+from dag.records import HeadsRecord, heads_record_key
 
 from ..proto import events as ev
-from ..proto.backfill import GapReported
 from ..proto.core import CoreConfig, PulsarCore
 from ..proto.messages import decode_message, encode_message
 
@@ -35,7 +35,16 @@ class SimNode:
     failed: dict[int, str] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
     gaps: list[Any] = field(default_factory=list)
+    topics: dict[int, TopicDescriptor] = field(default_factory=dict)
+    latest: dict[CID, CID] = field(default_factory=dict)
+    subscriptions: dict[CID, tuple[TopicDescriptor, float]] = field(default_factory=dict)
+    """What the node's durable store would remember: topic -> (first version, since)."""
+    log: set[tuple[CID, CID]] = field(default_factory=set)
+    """(topic, event) delivered: the durable delivery log a restarted core asks."""
     alive: bool = True
+
+    def in_log(self, topic: CID, cid: CID) -> bool:
+        return (topic, cid) in self.log
 
     @property
     def peer_id(self) -> PeerId:
@@ -52,6 +61,12 @@ class _KnownPeers:
     def closest_peers(self, key: bytes, count: int) -> Sequence[PeerId]:
         target = int.from_bytes(key, "big")
         return sorted(self.peers, key=lambda p: self._ids[p] ^ target)[:count]
+
+    def add(self, peer: PeerId) -> None:
+        """A node (back) online is learned again, as a bucket refresh would."""
+        if peer not in self._ids:
+            self.peers.append(peer)
+            self._ids[peer] = int.from_bytes(peer.kademlia_id(), "big")
 
     def replace(self, dead: PeerId, me: PeerId, alive: list[PeerId], rng: random.Random) -> None:
         if dead not in self._ids:
@@ -95,6 +110,7 @@ class SimNetwork:
         self._queue: list[tuple[float, int, PeerId, Any]] = []
         self._seq = 0
         self.dht: dict[CID, bytes] = {}
+        self.records: dict[bytes, HeadsRecord] = {}
         self.messages_sent = 0
         self.bytes_sent = 0
         identities = [Identity.from_seed(self.rng.randbytes(32)) for _ in range(n)]
@@ -109,11 +125,12 @@ class SimNetwork:
                 identity,
                 _KnownPeers(others),
                 config,
-                random.Random(seed),
+                random.Random(self.rng.getrandbits(64)),
                 lookup=store.get,
                 is_delivered=self._delivered_check(store),
             )
             self.nodes[identity.peer_id] = SimNode(identity, core, store)
+        self._config = config
         self._request = 0
 
     @staticmethod
@@ -164,6 +181,46 @@ class SimNetwork:
         self.input(node.peer_id, ev.Publish(topic, payload, parent, self._request))
         return self._request
 
+    def subscribe(self, node: SimNode, topic: TopicDescriptor, since: float | None = None) -> None:
+        """Subscribe durably (a restart resumes it, as the node's store would)."""
+        node.subscriptions[topic.cid] = (topic, self.now if since is None else since)
+        self.input(node.peer_id, ev.Subscribe(topic, True, since))
+
+    def command(self, node: SimNode, make: Any) -> int:
+        """Hand ``node`` a command built by ``make(request)``; returns the request."""
+        self._request += 1
+        self.input(node.peer_id, make(self._request))
+        return self._request
+
+    def restart(self, node: SimNode) -> None:
+        """Bring a crashed node back as a new process would: a fresh core that knows only
+        the node's durable state — its blocks, and per subscription when it began, its
+        heads and the latest topic version (as ``Node._resume`` passes them)."""
+        heads = {t: tuple(node.core.heads(t)) for t in node.subscriptions}
+        node.core = PulsarCore(
+            node.identity,
+            node.core.routing,
+            self._config,
+            random.Random(self.rng.getrandbits(64)),
+            lookup=node.store.get,
+            is_delivered=node.in_log,
+        )
+        node.alive = True
+        for other in self.nodes.values():
+            if other is not node and isinstance(other.core.routing, _KnownPeers):
+                other.core.routing.add(node.peer_id)
+        for cid, (topic, since) in node.subscriptions.items():
+            versions: list[TopicDescriptor] = []
+            cursor = node.latest.get(cid)
+            while cursor is not None and cursor != cid:
+                version = TopicDescriptor.from_block(node.store[cursor], cursor)
+                versions.append(version)
+                cursor = version.parent
+            self.input(
+                node.peer_id,
+                ev.Subscribe(topic, True, since, heads[cid], tuple(reversed(versions))),
+            )
+
     def crash(self, node: SimNode) -> None:
         """Stop ``node``. Others notice (as the transport's keepalive would) and their
         routing tables replace it from the same bucket, as Kademlia's replacement cache
@@ -179,33 +236,58 @@ class SimNetwork:
 
     # ------------------------------------------------------------------ outputs
 
-    def _apply(self, node: SimNode, outputs: list[Any]) -> None:
+    def _apply(self, node: SimNode, outputs: ev.Out) -> None:
         for out in outputs:
-            kind = type(out)
-            if kind is ev.Send:
-                self._send(node, out)
-            elif kind is ev.SetTimer:
-                self.input(node.peer_id, ev.TimerFired(out.timer), out.delay)
-            elif kind is ev.Deliver:
-                node.delivered.setdefault(out.topic, []).append(out.event)
-                node.hops.append(out.hop)
-            elif kind is ev.StoreLocal:
-                node.store[out.cid] = out.block
-            elif kind is ev.StoreDht:
-                node.store[out.cid] = out.block
-                self.dht[out.cid] = out.block
-                self.input(node.peer_id, ev.DhtStored(out.cid, 3), self.latency)
-            elif kind is ev.Fetch:
-                block = node.store.get(out.cid) or self.dht.get(out.cid)
-                self.input(node.peer_id, ev.BlockFetched(out.cid, block), self.latency)
-            elif kind is ev.Published:
-                node.published[out.request] = out.event
-            elif kind is ev.PublishFailed:
-                node.failed[out.request] = out.reason
-            elif kind is ev.Rejected:
-                node.rejected.append(out.reason)
-            elif kind is GapReported:
-                node.gaps.append(out)
+            match out:
+                case ev.Send():
+                    self._send(node, out)
+                case ev.SetTimer():
+                    self.input(node.peer_id, ev.TimerFired(out.timer), out.delay)
+                case ev.Deliver():
+                    node.delivered.setdefault(out.topic, []).append(out.event)
+                    node.log.add((out.topic, out.event.cid))
+                    node.hops.append(out.hop)
+                case ev.StoreLocal():
+                    node.store[out.cid] = out.block
+                case ev.StoreDht():
+                    node.store[out.cid] = out.block
+                    self.dht[out.cid] = out.block
+                    self.input(node.peer_id, ev.DhtStored(out.cid, 3), self.latency)
+                case ev.Fetch():
+                    block = node.store.get(out.cid) or self.dht.get(out.cid)
+                    self.input(node.peer_id, ev.BlockFetched(out.cid, block), self.latency)
+                case ev.StoreRecord():
+                    record = out.record
+                    held = self.records.get(record.key)
+                    if held is None or held.seq < record.seq:
+                        self.records[record.key] = record
+                case ev.FetchRecords():
+                    found = tuple(
+                        r
+                        for r in (
+                            self.records.get(heads_record_key(out.topic, p))
+                            for p in out.publishers
+                        )
+                        if r is not None
+                    )
+                    self.input(node.peer_id, ev.RecordsFetched(out.topic, found), self.latency)
+                case ev.VersionAdopted():
+                    node.store[out.version.cid] = out.version.block
+                    node.latest[out.topic] = out.version.cid
+                case ev.Published():
+                    node.published[out.request] = out.event
+                case ev.TopicReady():
+                    node.topics[out.request] = out.topic
+                    if out.topic.parent is None:  # created: the node follows it durably
+                        node.subscriptions[out.topic.cid] = (out.topic, self.now)
+                case ev.CommandFailed():
+                    node.failed[out.request] = out.reason
+                case ev.Rejected():
+                    node.rejected.append(out.reason)
+                case ev.GapReported():
+                    node.gaps.append(out)
+                case _:
+                    assert_never(out)
 
     def _send(self, node: SimNode, out: ev.Send) -> None:
         target = self.nodes.get(out.peer)

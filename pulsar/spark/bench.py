@@ -48,6 +48,7 @@ from dht import DhtConfig
 
 from ..config import NodeConfig
 from ..node import Node
+from ..proto.core import LONE_NODE
 from .background import BackgroundLoop, ServedNode
 
 __all__ = ["bench_spark"]
@@ -275,7 +276,8 @@ def bench_spark(events: int = 100_000, *, batch_runs: int = 2, latency_events: i
         spark = None
         try:
             node = bg.run(Node.start(NodeConfig(data_dir=root / "n0",
-                                                dht=DhtConfig(rpc_timeout=1.0))))
+                                                dht=DhtConfig(rpc_timeout=1.0),
+                                                core=LONE_NODE)))
             served = bg.run(ServedNode.serve(node, token=TOKEN))
             topic = bg.run(node.create_topic("bench/spark-history")).cid
             _say(f"filling a history of {events:,} events")

@@ -59,7 +59,8 @@ class LiveNode:
         return future.result(timeout)
 
     async def _start(self) -> None:
-        (self.node,) = await self.net.start(1)
+        # Two nodes: a publish counts once another DHT node stored it (min_acks).
+        self.node, _ = await self.net.start(2)
         self.server = await ApiServer.start(self.node, token=TOKEN, heartbeat=0.2)
         topic = await self.node.create_topic("schema")
         for i in range(5):

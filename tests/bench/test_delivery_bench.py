@@ -23,6 +23,9 @@ FIELDS = (
     "raw_sqlite_events_per_s",
     "replay_local_vs_raw_sqlite",
     "replay_dht_cold_events_per_s",
+    "replay_from_cid_events_per_s",
+    "order_violations",
+    "unauthorised_deliveries",
     "timers",
 )
 
@@ -63,6 +66,11 @@ async def test_delivery_bench_figures_are_consistent() -> None:
     assert 0 < figures["replay_dht_cold_first_event_s"] <= figures["replay_dht_cold_s"]
     ratio = figures["replay_local_events_per_s"] / figures["raw_sqlite_events_per_s"]
     assert figures["replay_local_vs_raw_sqlite"] == pytest.approx(ratio, rel=0.01, abs=0.002)
+    # The soundness phase: a revocation, an author restart, an offline publisher.
+    assert figures["order_violations"] == 0
+    assert figures["unauthorised_deliveries"] == 0
+    assert figures["soundness_missing"] == 0
+    assert figures["revoked_publishes_refused"] == "10/10"
 
 
 async def test_delivery_bench_rejects_a_tiny_network() -> None:

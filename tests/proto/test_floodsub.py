@@ -109,7 +109,7 @@ def test_events_breaking_the_topic_rules_are_rejected_not_forwarded() -> None:
     topic = _topic(author, allowed_publishers=[author.peer_id])
     net.subscribe_all(topic)
     out = net.cores[outsider.peer_id].handle(ev.Publish(topic.cid, b"x", None, 7), 0.0)
-    assert [type(o) for o in out] == [ev.PublishFailed]
+    assert [type(o) for o in out] == [ev.CommandFailed]
     # Forged by hand and sent anyway: the receiver rejects it and floods nothing.
     forged = EventDescriptor.create(outsider, topic.cid, b"x")
     receiver = net.cores[net.ids[1].peer_id]

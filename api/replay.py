@@ -1,0 +1,60 @@
+"""Network replay of a topic's history from its CID alone: ``GET /v1/topics/{cid}/replay``.
+
+Unlike ``/events`` (this node's delivery log of a topic it follows), this walks the topic's
+DAG through the DHT from the heads the publishers' heads records name, so it works on a
+node that never followed the topic, with every publisher and subscriber offline. The
+answer is NDJSON, oldest first in causal order; it is computed before the first line is
+sent (the walk must reach ``since`` before it can order), so bound it with ``since``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from dag import CID
+from pulsar.runtime.replay import ReplayError
+
+from .common import node_of, query_int, topic_of
+from .history import NDJSON, parse_time
+from .problems import Problem
+from .topics import event_view
+from .views import parse_cid
+
+__all__ = ["routes"]
+
+routes = web.RouteTableDef()
+
+_MAX_LIMIT = 1_000_000
+
+
+def _point(value: str, name: str) -> CID | float:
+    """An event CID, or a time (seconds since the epoch or RFC 3339)."""
+    if value[:1].isdigit() and ("-" in value or "." in value or value.isdigit()):
+        return parse_time(value, name)
+    return parse_cid(value, name)
+
+
+@routes.get("/v1/topics/{cid}/replay")
+async def replay(request: web.Request) -> web.StreamResponse:
+    """``since`` (exclusive) and ``until`` (inclusive): an event CID or a time compared
+    with the events' ``created``; ``limit``: at most this many events."""
+    node = node_of(request)
+    topic = await topic_of(request)
+    q = request.query
+    since = _point(q["since"], "since") if "since" in q else None
+    until = _point(q["until"], "until") if "until" in q else None
+    limit = query_int(request, "limit", None, 1, _MAX_LIMIT)
+    try:
+        events = [e async for e in node.replay(topic.cid, since=since, until=until,
+                                                limit=limit)]
+    except ReplayError as exc:
+        raise Problem(422, "replay-too-long", str(exc)) from None
+    response = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await response.prepare(request)
+    for start in range(0, len(events), 1000):
+        lines = [json.dumps(await event_view(node, e)) for e in events[start:start + 1000]]
+        await response.write(("\n".join(lines) + "\n").encode())
+    await response.write_eof()
+    return response

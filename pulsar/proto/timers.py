@@ -1,0 +1,136 @@
+"""Every timer of the protocol cores, as one closed union.
+
+Timers are values: a core emits ``SetTimer(delay, timer)`` and the driver later feeds back
+``TimerFired(timer)``. Keeping them all here, each a frozen dataclass naming what it is
+for, lets :data:`Timer` be a closed union that the cores match exhaustively (``mypy``
+checks every case is handled) and lets the driver treat them as opaque, hashable values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dag import CID, PeerId
+
+__all__ = [
+    "DispatchTimer",
+    "GapTimeout",
+    "GraftTimer",
+    "Greet",
+    "HeadsTick",
+    "JoinTimeout",
+    "RecordTimer",
+    "RequestTimeout",
+    "RetryFetch",
+    "RetryParent",
+    "RootCheck",
+    "ShuffleTimer",
+    "Timer",
+    "WantTimeout",
+]
+
+
+# --------------------------------------------------------------------------- tree
+
+
+@dataclass(frozen=True, slots=True)
+class RetryParent:
+    """Re-send our JOIN to a parent that went away (backoff between attempts)."""
+
+    topic: CID
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTimeout:
+    """A JOIN not answered by JOINED in time counts as a failed attempt."""
+
+    topic: CID
+    peer: PeerId
+
+
+@dataclass(frozen=True, slots=True)
+class RootCheck:
+    """A node acting as root (author unreachable) looks again for a way in."""
+
+    topic: CID
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimeout:
+    """A request to publish whose event never came back fails."""
+
+    topic: CID
+    signature: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTimer:
+    """Write this node's heads record of ``topic`` to the DHT (debounced after publishes)."""
+
+    topic: CID
+
+
+# --------------------------------------------------------------------------- backfill
+
+
+@dataclass(frozen=True, slots=True)
+class GapTimeout:
+    topic: CID
+    gap: int
+    seq: int
+    """Only the newest timer of a gap counts: its deadline moves when gaps merge."""
+
+
+@dataclass(frozen=True, slots=True)
+class WantTimeout:
+    topic: CID
+    gap: int
+    peer: PeerId
+    head: CID
+
+
+@dataclass(frozen=True, slots=True)
+class RetryFetch:
+    topic: CID
+    gap: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsTick:
+    topic: CID
+
+
+# --------------------------------------------------------------------------- plumtree
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchTimer:
+    """Send the IHAVE entries queued for ``topic``'s lazy links as one message each."""
+
+    topic: CID
+
+
+@dataclass(frozen=True, slots=True)
+class GraftTimer:
+    topic: CID
+    event: CID
+
+
+@dataclass(frozen=True, slots=True)
+class ShuffleTimer:
+    topic: CID
+
+
+# --------------------------------------------------------------------------- floodsub
+
+
+@dataclass(frozen=True, slots=True)
+class Greet:
+    """Floodsub greets newly known peers with its subscriptions."""
+
+
+BackfillTimer = GapTimeout | WantTimeout | RetryFetch | HeadsTick
+PlumtreeTimer = DispatchTimer | GraftTimer | ShuffleTimer
+TreeTimer = RetryParent | JoinTimeout | RootCheck | RequestTimeout | RecordTimer
+Timer = TreeTimer | BackfillTimer | PlumtreeTimer | Greet

@@ -1,0 +1,193 @@
+"""Dissemination trees: join routing, parents and children (paper, algorithm 2).
+
+A JOIN goes to the known peer closest to the topic author's Kademlia id, and only if that
+peer is *strictly* closer than this node (DESIGN.md's progress rule). Parent edges
+therefore always shrink the XOR distance to the author, so a tree has no cycles, and a node
+that knows nobody closer acts as root — which is also how a tree survives its author being
+offline (Scribe-style). A lost parent is retried ``parent_retries`` times with backoff;
+then the node routes a new JOIN around it and tells it so with LEAVE (a slow parent that is
+still alive would otherwise keep pushing events down an edge nobody uses).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, assert_never
+
+from dag import CID, PeerId, TopicDescriptor
+
+from . import events as ev
+from .events import Out
+from .messages import Join, Leave, RequestToPublish
+from .timers import JoinTimeout, RetryParent, RootCheck
+
+if TYPE_CHECKING:
+    from .core import CoreConfig
+
+__all__ = ["Routing", "Tree", "TreeRouter", "TreeView"]
+
+
+class Routing(Protocol):
+    """What the core needs from the DHT: local k-bucket knowledge, no network traffic."""
+
+    def closest_peers(self, key: bytes, count: int) -> Sequence[PeerId]:
+        """Known peers (with proven peer ids) closest to the 20-byte Kademlia ``key``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TreeView:
+    """A read-only picture of one topic's tree at this node."""
+
+    topic: CID
+    parents: frozenset[PeerId]
+    children: frozenset[PeerId]
+    is_root: bool
+    subscribed: bool
+
+
+@dataclass(slots=True)
+class Tree:
+    """One topic's tree at this node, and what publishing on it needs to remember."""
+
+    topic: TopicDescriptor
+    """The first version: trees are named by it."""
+    deliver: bool
+    parents: set[PeerId] = field(default_factory=set)
+    children: set[PeerId] = field(default_factory=set)
+    acting_root: bool = False
+    last_seen: CID | None = None
+    """The newest event accepted or published here (LAST_SEEN links to it)."""
+    hint: CID | None = None
+    """A head a neighbour or a heads record named, for LAST_SEEN before we saw anything."""
+    seen: dict[CID, None] = field(default_factory=dict)
+    retries: dict[PeerId, int] = field(default_factory=dict)
+    avoid: dict[PeerId, float] = field(default_factory=dict)  # peer -> until when
+    requests: dict[bytes, int] = field(default_factory=dict)
+    confirmed: set[PeerId] = field(default_factory=set)
+    synced: bool = False
+    """The latest version and heads were looked up (heads records) since this tree began:
+    only then may this node publish on it (the author always may)."""
+    sync_round: int = 0
+    sync_asked: set[PeerId] = field(default_factory=set)
+    sync_waiting: set[CID] = field(default_factory=set)
+    """Topic versions named by records, still being fetched."""
+    records_done: bool = False
+    waiting: list[ev.Publish | tuple[PeerId, RequestToPublish]] = field(default_factory=list)
+    record_armed: bool = False
+    record_seq: int = 0
+    publishers: OrderedDict[PeerId, None] = field(default_factory=OrderedDict)
+    """Publishers seen lately (named in our heads record, for discovery)."""
+
+    def neighbours(self) -> set[PeerId]:
+        return self.parents | self.children
+
+    def in_tree(self) -> bool:
+        return self.acting_root or bool(self.parents)
+
+
+class TreeRouter:
+    """Join routing and parent maintenance for every tree of one node."""
+
+    def __init__(self, me: PeerId, routing: Routing, config: CoreConfig) -> None:
+        self.me = me
+        self.routing = routing
+        self.config = config
+        self.trees: dict[CID, Tree] = {}
+        self._kid_cache: dict[PeerId, int] = {}
+
+    def new_tree(self, topic: TopicDescriptor, deliver: bool) -> Tree:
+        tree = Tree(topic=topic, deliver=deliver)
+        self.trees[topic.cid] = tree
+        return tree
+
+    def view(self, topic: CID) -> TreeView | None:
+        t = self.trees.get(topic)
+        if t is None:
+            return None
+        return TreeView(
+            topic, frozenset(t.parents), frozenset(t.children), t.acting_root, t.deliver
+        )
+
+    def _kid(self, peer: PeerId) -> int:
+        kid = self._kid_cache.get(peer)
+        if kid is None:
+            if len(self._kid_cache) > 100_000:
+                self._kid_cache.clear()
+            kid = self._kid_cache[peer] = int.from_bytes(peer.kademlia_id(), "big")
+        return kid
+
+    def next_hop(self, author: PeerId, avoid: set[PeerId]) -> PeerId | None:
+        """The known peer closest to ``author``, if strictly closer than this node."""
+        key = author.kademlia_id()
+        target = int.from_bytes(key, "big")
+        best: PeerId | None = None
+        best_distance = self._kid(self.me) ^ target
+        for peer in self.routing.closest_peers(key, self.config.routing_candidates):
+            if peer == self.me or peer in avoid:
+                continue
+            distance = self._kid(peer) ^ target
+            if distance < best_distance:
+                best, best_distance = peer, distance
+        return best
+
+    def join(self, tree: Tree, now: float) -> Out:
+        """Attach ``tree`` upwards (algorithm 2, the sending half)."""
+        author = tree.topic.author
+        if author == self.me:
+            tree.acting_root = True
+            return []
+        for avoided, until in list(tree.avoid.items()):
+            if until <= now:
+                del tree.avoid[avoided]
+        peer = self.next_hop(author, set(tree.avoid) | tree.children)
+        if peer is None:
+            tree.acting_root = True
+            return [ev.SetTimer(self.config.root_check_interval, RootCheck(tree.topic.cid))]
+        tree.acting_root = False
+        tree.parents = {peer}
+        return self.send_join(tree, peer)
+
+    def send_join(self, tree: Tree, peer: PeerId) -> Out:
+        tree.confirmed.discard(peer)
+        return [
+            ev.Send(peer, Join(tree.topic.cid, tree.topic.block)),
+            ev.SetTimer(self.config.join_timeout, JoinTimeout(tree.topic.cid, peer)),
+        ]
+
+    def parent_failed(self, tree: Tree, peer: PeerId, now: float, *, give_up: bool = False) -> Out:
+        """Retry a parent with backoff; after ``parent_retries`` route around it."""
+        attempt = tree.retries.get(peer, 0) + 1
+        tree.retries[peer] = attempt
+        if attempt <= self.config.parent_retries and not give_up:
+            delay = self.config.parent_retry_delay * 2 ** (attempt - 1)
+            return [ev.SetTimer(delay, RetryParent(tree.topic.cid, peer))]
+        tree.parents.discard(peer)
+        tree.retries.pop(peer, None)
+        tree.avoid[peer] = now + self.config.avoid_for
+        # If it is only slow, it must stop pushing to us: tell it we left.
+        return [ev.Send(peer, Leave(tree.topic.cid)), *self.join(tree, now)]
+
+    def on_timer(self, timer: RetryParent | JoinTimeout | RootCheck, now: float) -> Out:
+        tree = self.trees.get(timer.topic)
+        if tree is None:
+            return []
+        match timer:
+            case RetryParent():
+                if timer.peer not in tree.parents:
+                    return []
+                # Re-sending the JOIN both probes the parent and restores our place with it
+                # if it restarted; a failure comes back as SendFailed, another attempt.
+                return self.send_join(tree, timer.peer)
+            case JoinTimeout():
+                if timer.peer not in tree.parents or timer.peer in tree.confirmed:
+                    return []
+                return self.parent_failed(tree, timer.peer, now)
+            case RootCheck():
+                if not tree.acting_root or tree.topic.author == self.me:
+                    return []
+                return self.join(tree, now)
+            case _:
+                assert_never(timer)

@@ -1,0 +1,180 @@
+"""Replay a topic's history from its CID alone: heads records, then a DHT walk.
+
+This is what :meth:`pulsar.Node.replay` (and the REST ``/replay`` endpoint, and the history
+replay client through it) runs for a node that does not follow the topic. Nothing here
+needs a live publisher or subscriber: the publishers' signed heads records in the DHT name
+the latest topic version and the DAG's tips, and every event is fetched by CID (local store
+first, then the DHT) and judged exactly as a subscriber judges it (CID, signatures, the
+rights rule under the latest version), so a replay never yields what a subscriber would
+refuse.
+
+The walk follows parent links from the heads — or from ``until`` when it is an event —
+breadth first with up to :data:`CONCURRENCY` fetches in flight, and stops at ``since`` (an
+event CID: that event and what precedes it; a time: events created before it). The events
+found are then yielded in :func:`dag.history.causal_order`, oldest first; what could not be
+fetched is reported in the log and skipped (its descendants still come, as a subscriber's
+gap report would let them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Final
+
+from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
+from dag.history import causal_order
+from dag.records import HeadsRecord
+
+from ..proto.versions import TopicVersions
+
+if TYPE_CHECKING:
+    from ..node import Node
+
+__all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "replay_history"]
+
+log = logging.getLogger("pulsar.replay")
+
+CONCURRENCY: Final = 32
+"""Blocks fetched at once during the walk (branches and records in parallel)."""
+MAX_REPLAY_EVENTS: Final = 1_000_000
+"""The walk holds what it found to order it; beyond this it stops with an error (narrow
+the range with ``since``/``until``)."""
+RECORD_ROUNDS: Final = 2
+MAX_RECORD_KEYS: Final = 32
+
+
+class ReplayError(RuntimeError):
+    """The history could not be replayed (too long for one walk)."""
+
+
+async def replay_history(
+    node: Node,
+    topic_cid: CID,
+    *,
+    since: CID | float | None = None,
+    until: CID | float | None = None,
+    limit: int | None = None,
+) -> AsyncIterator[EventDescriptor]:
+    if limit is not None and limit < 0:
+        raise ValueError("limit must be >= 0")
+    first, later = await node._lineage(topic_cid)
+    versions = TopicVersions()
+    versions.add(first)
+    for version in later:
+        versions.add(version)
+    heads = await _discover(node, first, versions)
+    if isinstance(until, CID):
+        heads = [until]
+    events = await _walk(node, first, versions, heads, since)
+    count = 0
+    for event in causal_order(events):
+        if isinstance(until, float | int) and event.created_at >= float(until):
+            continue
+        if limit is not None and count >= limit:
+            return
+        count += 1
+        yield event
+
+
+async def _discover(node: Node, first: TopicDescriptor, versions: TopicVersions) -> list[CID]:
+    """The heads named by the records of the author and the allowed publishers (then of
+    the publishers those records name); the versions they name are learned on the way."""
+    asked: set[PeerId] = set()
+    heads: dict[CID, None] = {}
+    latest = versions.latest(first.cid) or first
+    wanted = [first.author]
+    if latest.allowed_publishers.enabled:
+        wanted += list(latest.allowed_publishers.peers)
+    for _ in range(RECORD_ROUNDS):
+        batch = [p for p in dict.fromkeys(wanted) if p not in asked][: MAX_RECORD_KEYS - len(asked)]
+        if not batch:
+            break
+        asked.update(batch)
+        found = await asyncio.gather(*(_record(node, first.cid, p) for p in batch))
+        wanted = []
+        for record in found:
+            if record is None:
+                continue
+            await _learn_version(node, versions, record.version)
+            heads.update(dict.fromkeys(record.heads))
+            wanted += [p for p in record.peers if p not in asked]
+    return list(heads)
+
+
+async def _record(node: Node, topic: CID, publisher: PeerId) -> HeadsRecord | None:
+    try:
+        return await node.dht.get_record(topic, publisher)
+    except Exception as exc:  # the lookup failed: other publishers' records may do
+        log.info("heads record of %s by %s: %s", topic, publisher, exc)
+        return None
+
+
+async def _learn_version(node: Node, versions: TopicVersions, cid: CID) -> None:
+    """Register ``cid`` and the versions between it and what is known (author checked)."""
+    chain: list[TopicDescriptor] = []
+    cursor: CID | None = cid
+    while cursor is not None and versions.get(cursor) is None and len(chain) < 64:
+        try:
+            topic = await node.get_topic(cursor)
+        except LookupError:
+            return
+        chain.append(topic)
+        cursor = topic.parent
+    for topic in reversed(chain):
+        versions.add(topic)
+
+
+async def _walk(
+    node: Node,
+    first: TopicDescriptor,
+    versions: TopicVersions,
+    heads: list[CID],
+    since: CID | float | None,
+) -> list[EventDescriptor]:
+    found: dict[CID, EventDescriptor] = {}
+    visited: set[CID] = set()
+    frontier = [h for h in heads if h != since]
+    semaphore = asyncio.Semaphore(CONCURRENCY)
+
+    async def fetch(cid: CID) -> EventDescriptor | None:
+        async with semaphore:
+            block = await node._get_block(cid)
+        if block is None:
+            log.warning("replay of %s: event %s not found; its ancestors are skipped",
+                        first.cid, cid)
+            return None
+        try:
+            event = EventDescriptor.from_block(block, cid)
+        except InvalidDescriptor as exc:
+            log.warning("replay of %s: %s is not a valid event: %s", first.cid, cid, exc)
+            return None
+        if versions.get(event.topic) is None:
+            await _learn_version(node, versions, event.topic)
+            if versions.get(event.topic) is None:
+                return None
+        problem = versions.admit(first.cid, event)
+        if problem is not None:
+            log.warning("replay of %s: %s", first.cid, problem)
+            return None
+        return event
+
+    while frontier:
+        batch = [c for c in dict.fromkeys(frontier) if c not in visited]
+        visited.update(batch)
+        frontier = []
+        for event in await asyncio.gather(*(fetch(c) for c in batch)):
+            if event is None:
+                continue
+            if isinstance(since, float | int) and event.created_at < float(since):
+                continue
+            found[event.cid] = event
+            if len(found) > MAX_REPLAY_EVENTS:
+                raise ReplayError(
+                    f"more than {MAX_REPLAY_EVENTS} events to replay; narrow it with since/until"
+                )
+            parent = event.parent
+            if parent is not None and parent != since and parent not in visited:
+                frontier.append(parent)
+    return list(found.values())

@@ -1,0 +1,197 @@
+"""Publishing in the core: what a node must know before it publishes, how it links, when
+an event counts as persisted, and the heads records it leaves in the DHT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dag import CID, EventDescriptor, EventLinking, Identity, PeerId, PublishRule, TopicDescriptor
+from dag.records import HeadsRecord
+from pulsar.proto import events as ev
+from pulsar.proto.core import PulsarCore
+from pulsar.proto.messages import Event, Join
+from pulsar.proto.repair_messages import Joined, Want
+from pulsar.proto.timers import RecordTimer
+
+
+class NoRouting:
+    def closest_peers(self, key: bytes, count: int) -> list[PeerId]:
+        return []
+
+
+class OnePeer:
+    def __init__(self, peer: PeerId) -> None:
+        self.peer = peer
+
+    def closest_peers(self, key: bytes, count: int) -> list[PeerId]:
+        return [self.peer]
+
+
+def _ident(i: int) -> Identity:
+    return Identity.from_seed(bytes([i]) * 32)
+
+
+AUTHOR, BOB, CHILD = _ident(1), _ident(2), _ident(5)
+
+
+def _topic(**kw: Any) -> tuple[TopicDescriptor, TopicDescriptor]:
+    meta = TopicDescriptor.create(AUTHOR, "t/meta", allowed_publishers=PublishRule(True, ()))
+    return meta, TopicDescriptor.create(AUTHOR, "t", meta=meta.cid, now=1000.0, **kw)
+
+
+def _of(kind: type, out: list[Any]) -> list[Any]:
+    return [o for o in out if isinstance(o, kind)]
+
+
+def _author(meta: TopicDescriptor, topic: TopicDescriptor, blocks: dict[CID, bytes]) -> PulsarCore:
+    core = PulsarCore(AUTHOR, NoRouting(), lookup=blocks.get)
+    core.handle(ev.Subscribe(meta, True, 0.0), 10.0)
+    core.handle(ev.Subscribe(topic, True, 0.0), 10.0)
+    return core
+
+
+def _publish(core: PulsarCore, topic: CID, payload: bytes, request: int, now: float,
+             acks: int = 2, blocks: dict[CID, bytes] | None = None) -> list[Any]:
+    (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic, payload, None, request), now))
+    if blocks is not None:
+        blocks[store.cid] = store.block
+    return core.handle(ev.DhtStored(store.cid, acks), now + 0.01)
+
+
+def test_an_event_not_acknowledged_by_enough_dht_nodes_is_neither_published_nor_sent() -> None:
+    meta, topic = _topic()
+    core = _author(meta, topic, {})
+    core.handle(ev.Received(CHILD.peer_id, Join(topic.cid, topic.block)), 10.5)
+    out = _publish(core, topic.cid, b"lost", 1, 11.0, acks=0)
+    assert _of(ev.Send, out) == [] and _of(ev.Published, out) == []
+    (failed,) = _of(ev.CommandFailed, out)
+    assert failed.request == 1 and "fewer than the 1 required" in failed.reason
+    # The next event does not link to the one that failed.
+    (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"next", None, 2), 12.0))
+    assert EventDescriptor.from_block(store.block).parent is None
+
+
+def test_a_restarted_author_builds_on_its_latest_version_and_links_to_its_last_event() -> None:
+    meta, topic = _topic(allowed_publishers=[BOB.peer_id])
+    blocks: dict[CID, bytes] = {}
+    core = _author(meta, topic, blocks)
+    _publish(core, topic.cid, b"first", 1, 11.0, blocks=blocks)
+    (last,) = [o.event for o in _publish(core, topic.cid, b"second", 2, 12.0, blocks=blocks)
+               if isinstance(o, ev.Published)]
+    v2 = TopicDescriptor.create(AUTHOR, "t", meta=meta.cid, parent=topic.cid,
+                                allowed_publishers=[], now=13.0)
+    # A new process: what the durable store had is all it gets.
+    restarted = PulsarCore(AUTHOR, NoRouting(), lookup=blocks.get)
+    restarted.handle(ev.Subscribe(topic, True, 0.0, (last.cid, last.parent), (v2,)), 20.0)  # type: ignore[arg-type]
+    assert restarted.latest(topic.cid) == v2
+    (store,) = _of(ev.StoreDht, restarted.handle(ev.Publish(topic.cid, b"third", None, 3), 21.0))
+    third = EventDescriptor.from_block(store.block)
+    assert third.parent == last.cid and third.topic == v2.cid
+    out = restarted.handle(ev.UpdateTopic(4, topic.cid), 22.0)
+    assert TopicDescriptor.from_block(_of(ev.StoreDht, out)[0].block).parent == v2.cid
+
+
+def test_a_node_that_does_not_follow_the_topic_learns_version_and_heads_before_publishing() -> None:
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    blocks = {meta.cid: meta.block}
+    head = EventDescriptor.create(AUTHOR, v1.cid, b"latest so far", now=1500.0)
+    v2 = TopicDescriptor.create(AUTHOR, "t", meta=meta.cid, parent=v1.cid,
+                                allowed_publishers=[BOB.peer_id], now=1600.0)
+    bob = PulsarCore(BOB, OnePeer(AUTHOR.peer_id), lookup=blocks.get)
+    out = bob.handle(ev.Subscribe(v1, False), 2000.0)
+    out = bob.handle(ev.Publish(v1.cid, b"hello", None, 1), 2000.1)
+    assert _of(ev.StoreDht, out) == []  # nothing is published before it knows
+    assert out == [ev.FetchRecords(v1.cid, (AUTHOR.peer_id,))]  # not its own: it knows it
+    record = HeadsRecord.create(AUTHOR, v1.cid, 5, v2.cid, (head.cid,), now=1700.0)
+    out = bob.handle(ev.RecordsFetched(v1.cid, (record,)), 2000.2)
+    assert ev.Fetch(v2.cid) in out and _of(ev.StoreDht, out) == []
+    out = bob.handle(ev.BlockFetched(v2.cid, v2.block), 2000.3)
+    assert _of(ev.StoreDht, out) == []  # and not before its parent took it in the tree
+    out = bob.handle(ev.Received(AUTHOR.peer_id, Joined(v1.cid, ())), 2000.4)
+    (store,) = _of(ev.StoreDht, out)
+    event = EventDescriptor.from_block(store.block)
+    assert event.parent == head.cid and event.topic == v2.cid
+
+
+def test_a_revoked_node_learns_it_before_publishing() -> None:
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    v2 = TopicDescriptor.create(AUTHOR, "t", meta=meta.cid, parent=v1.cid,
+                                allowed_publishers=[], now=1600.0)
+    bob = PulsarCore(BOB, NoRouting(), lookup={meta.cid: meta.block, v2.cid: v2.block}.get)
+    bob.handle(ev.Subscribe(v1, False), 2000.0)
+    (fetch,) = bob.handle(ev.Publish(v1.cid, b"sneaky", None, 1), 2000.1)
+    assert isinstance(fetch, ev.FetchRecords)
+    record = HeadsRecord.create(AUTHOR, v1.cid, 1, v2.cid, (), now=1700.0)
+    out = bob.handle(ev.RecordsFetched(v1.cid, (record,)), 2000.2)
+    out += bob.handle(ev.BlockFetched(v2.cid, v2.block), 2000.3)
+    assert _of(ev.StoreDht, out) == []
+    assert _of(ev.CommandFailed, out) == [
+        ev.CommandFailed(1, "not allowed to publish or to request it")
+    ]
+
+
+def test_a_custom_parent_must_exist_and_be_an_event_of_the_topic() -> None:
+    meta, topic = _topic(event_linking=EventLinking.CUSTOM)
+    blocks: dict[CID, bytes] = {}
+    core = _author(meta, topic, blocks)
+    missing = CID.parse("bafyreidykglsfhoixmivffc5uwhcgshx4j465xwqntbmu43nb2dzqwfvae")
+    out = core.handle(ev.Publish(topic.cid, b"x", missing, 1), 11.0)
+    assert out == [ev.Fetch(missing)]
+    out = core.handle(ev.BlockFetched(missing, None), 11.5)
+    assert out == [ev.CommandFailed(1, f"parent {missing} not found")]
+    other = TopicDescriptor.create(AUTHOR, "other", meta=meta.cid)
+    stranger = EventDescriptor.create(AUTHOR, other.cid, b"elsewhere")
+    blocks[stranger.cid] = stranger.block
+    out = core.handle(ev.Publish(topic.cid, b"x", stranger.cid, 2), 12.0)
+    assert out == [ev.CommandFailed(2, f"parent {stranger.cid} is not a valid event of this topic")]
+    (published,) = [o.event for o in _publish(core, topic.cid, b"root", 3, 13.0, blocks=blocks)
+                    if isinstance(o, ev.Published)]
+    out = core.handle(ev.Publish(topic.cid, b"child", published.cid, 4), 14.0)
+    assert EventDescriptor.from_block(_of(ev.StoreDht, out)[0].block).parent == published.cid
+
+
+def test_publishing_writes_a_heads_record_with_the_latest_version() -> None:
+    meta, topic = _topic()
+    blocks: dict[CID, bytes] = {}
+    core = _author(meta, topic, blocks)
+    out = _publish(core, topic.cid, b"a", 1, 11.0, blocks=blocks)
+    assert ev.SetTimer(0.5, RecordTimer(topic.cid)) in out
+    (published,) = [o.event for o in out if isinstance(o, ev.Published)]
+    (stored,) = core.handle(ev.TimerFired(RecordTimer(topic.cid)), 11.5)
+    assert isinstance(stored, ev.StoreRecord)
+    record = stored.record
+    assert (record.topic, record.publisher, record.version) == (topic.cid, AUTHOR.peer_id,
+                                                               topic.cid)
+    assert record.heads == (published.cid,) and record.seq >= 11_500
+    (again,) = core.handle(ev.TimerFired(RecordTimer(topic.cid)), 11.5)
+    assert again.record.seq > record.seq  # newest wins, even within one millisecond
+
+
+def test_a_replay_subscription_finds_the_heads_in_the_dht_with_nobody_online() -> None:
+    meta, topic = _topic()
+    head = EventDescriptor.create(AUTHOR, topic.cid, b"only in the DHT", now=1500.0)
+    reader = PulsarCore(BOB, NoRouting(), lookup={meta.cid: meta.block}.get)
+    out = reader.handle(ev.Subscribe(topic, True, 0.0), 3000.0)
+    assert ev.FetchRecords(topic.cid, (AUTHOR.peer_id,)) in out
+    record = HeadsRecord.create(AUTHOR, topic.cid, 1, topic.cid, (head.cid,), now=1600.0)
+    out = reader.handle(ev.RecordsFetched(topic.cid, (record,)), 3000.1)
+    assert ev.Fetch(head.cid) in out  # nobody to ask: straight to the DHT
+    out = reader.handle(ev.BlockFetched(head.cid, head.block), 3000.2)
+    assert [o.event for o in out if isinstance(o, ev.Deliver)] == [head]
+
+
+def test_a_recent_event_taken_in_by_repair_goes_down_the_tree() -> None:
+    meta, topic = _topic()
+    relay = PulsarCore(BOB, OnePeer(AUTHOR.peer_id), lookup={meta.cid: meta.block}.get)
+    relay.handle(ev.Subscribe(topic, True), 100.0)
+    relay.handle(ev.Received(CHILD.peer_id, Join(topic.cid, topic.block)), 100.1)
+    e1 = EventDescriptor.create(AUTHOR, topic.cid, b"1", now=100.2)
+    e2 = EventDescriptor.create(AUTHOR, topic.cid, b"2", parent=e1.cid, now=100.3)
+    out = relay.handle(ev.Received(AUTHOR.peer_id, Event(topic.cid, e2.block, 1)), 100.4)
+    (want,) = [o for o in _of(ev.Send, out) if isinstance(o.message, Want)]
+    assert want.peer == AUTHOR.peer_id and want.message.head == e1.cid
+    from pulsar.proto.repair_messages import Blocks
+
+    out = relay.handle(ev.Received(AUTHOR.peer_id, Blocks(topic.cid, e1.cid, (e1.block,))), 100.5)
+    pushed = [o for o in _of(ev.Send, out) if isinstance(o.message, Event)]
+    assert [(o.peer, o.message.block) for o in pushed] == [(CHILD.peer_id, e1.block)]

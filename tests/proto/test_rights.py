@@ -1,0 +1,190 @@
+"""Topic versions and publishing rights in the core: exact inputs, asserted outputs.
+
+The rule under test (docs/protocol.md, "Publishing rights and revocation"): every event is
+judged by the latest version the receiver knows; an event only an older version allows is
+valid only if the newer version's recorded heads vouch for it (it is one of them or an
+ancestor of one); only the author publishes on the meta topic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dag import CID, EventDescriptor, Identity, PeerId, PublishRule, TopicDescriptor
+from pulsar.proto import events as ev
+from pulsar.proto.core import PulsarCore
+from pulsar.proto.messages import Event
+from pulsar.proto.repair_messages import Blocks, Heads, Want
+
+
+class NoRouting:
+    def closest_peers(self, key: bytes, count: int) -> list[PeerId]:
+        return []
+
+
+def _ident(i: int) -> Identity:
+    return Identity.from_seed(bytes([i]) * 32)
+
+
+AUTHOR, BOB, CAROL, READER = _ident(1), _ident(2), _ident(3), _ident(4)
+
+
+def _topic(**kw: Any) -> tuple[TopicDescriptor, TopicDescriptor]:
+    meta = TopicDescriptor.create(AUTHOR, "t/meta", allowed_publishers=PublishRule(True, ()))
+    topic = TopicDescriptor.create(AUTHOR, "t", meta=meta.cid, now=1000.0, **kw)
+    return meta, topic
+
+
+def _version(parent: TopicDescriptor, heads: list[CID], **kw: Any) -> TopicDescriptor:
+    return TopicDescriptor.create(
+        AUTHOR, "t", meta=parent.meta, parent=parent.cid, heads=heads, now=2000.0, **kw
+    )
+
+
+def _reader(meta: TopicDescriptor, topic: TopicDescriptor, *versions: TopicDescriptor,
+            store: dict[CID, bytes] | None = None) -> PulsarCore:
+    blocks = store if store is not None else {}
+    blocks[meta.cid] = meta.block
+    core = PulsarCore(READER, NoRouting(), lookup=blocks.get)
+    core.handle(ev.Subscribe(topic, True, 0.0, versions=versions), 3000.0)
+    return core
+
+
+def _event(who: Identity, version: TopicDescriptor, payload: bytes, parent: CID | None = None,
+           now: float = 1500.0) -> EventDescriptor:
+    return EventDescriptor.create(who, version.cid, payload, parent=parent, now=now)
+
+
+def _receive(core: PulsarCore, topic: TopicDescriptor, event: EventDescriptor,
+             now: float = 3001.0) -> list[Any]:
+    return core.handle(ev.Received(AUTHOR.peer_id, Event(topic.cid, event.block, 1)), now)
+
+
+def _delivered(out: list[Any]) -> list[CID]:
+    return [o.event.cid for o in out if isinstance(o, ev.Deliver)]
+
+
+def _rejected(out: list[Any]) -> list[str]:
+    return [o.reason for o in out if isinstance(o, ev.Rejected)]
+
+
+def test_revoked_publisher_cannot_publish_under_the_version_that_allowed_it() -> None:
+    """v1 allows Bob; v2 (recording the heads then) does not. Bob, knowing only v1,
+    publishes under v1 — and back-dates it before v2 — a reader that knows v2 refuses."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    before = _event(BOB, v1, b"allowed then")
+    v2 = _version(v1, [before.cid], allowed_publishers=[CAROL.peer_id])
+    core = _reader(meta, v1, v2)
+    assert core.latest(v1.cid) == v2
+    late = _event(BOB, v1, b"after revocation", parent=before.cid, now=1600.0)
+    out = _receive(core, v1, late)
+    assert _delivered(out) == [] and "may no longer publish" in _rejected(out)[0]
+    backdated = _event(BOB, v1, b"back-dated", now=1.0)
+    assert _delivered(_receive(core, v1, backdated)) == []
+    # What v2 vouches for is still history: delivered, and its ancestors with it.
+    assert _delivered(_receive(core, v1, before)) == [before.cid]
+
+
+def test_history_before_a_revocation_is_admitted_walking_back_from_the_recorded_heads() -> None:
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    e0 = _event(BOB, v1, b"0", now=1100.0)
+    e1 = _event(BOB, v1, b"1", parent=e0.cid, now=1200.0)
+    v2 = _version(v1, [e1.cid], allowed_publishers=[])
+    core = _reader(meta, v1, v2)
+    out = _receive(core, v1, e1)
+    # e1 is vouched for; its parent is missing and becomes vouched for too (a gap opens).
+    assert _rejected(out) == []
+    out = _receive(core, v1, e0)
+    assert _rejected(out) == [] and _delivered(out) == [e0.cid, e1.cid]
+    # A sibling of e0 by Bob that no recorded head descends from is refused.
+    sibling = _event(BOB, v1, b"fork", now=1150.0)
+    assert _rejected(_receive(core, v1, sibling))
+
+
+def test_a_publisher_still_allowed_is_judged_by_the_latest_version_whatever_it_names() -> None:
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id, CAROL.peer_id])
+    v2 = _version(v1, [], allowed_publishers=[CAROL.peer_id])
+    core = _reader(meta, v1, v2)
+    in_flight = _event(CAROL, v1, b"published before Carol heard of v2")
+    assert _delivered(_receive(core, v1, in_flight)) == [in_flight.cid]
+
+
+def test_only_the_author_publishes_on_the_meta_topic() -> None:
+    meta, v1 = _topic()
+    core = _reader(meta, v1)
+    spam = EventDescriptor.create(BOB, meta.cid, b"bafy-nonsense")
+    out = core.handle(ev.Received(BOB.peer_id, Event(meta.cid, spam.block, 1)), 3001.0)
+    assert _delivered(out) == [] and "only the author" in _rejected(out)[0]
+    assert not any(isinstance(o, ev.Fetch) for o in out)  # no fetch amplification
+
+
+def test_a_version_announced_on_the_meta_topic_is_fetched_and_adopted() -> None:
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    store: dict[CID, bytes] = {}
+    core = _reader(meta, v1, store=store)
+    v2 = _version(v1, [], allowed_publishers=[])
+    announcement = EventDescriptor.create(AUTHOR, meta.cid, v2.cid.raw, now=2500.0)
+    out = core.handle(
+        ev.Received(AUTHOR.peer_id, Event(meta.cid, announcement.block, 1)), 3001.0
+    )
+    assert _delivered(out) == [announcement.cid] and ev.Fetch(v2.cid) in out
+    out = core.handle(ev.BlockFetched(v2.cid, v2.block), 3002.0)
+    assert ev.VersionAdopted(v1.cid, v2) in out
+    assert core.latest(v1.cid) == v2
+    assert _rejected(_receive(core, v1, _event(BOB, v1, b"too late"), 3003.0))
+
+
+def test_a_version_by_another_author_is_never_adopted() -> None:
+    meta, v1 = _topic()
+    core = _reader(meta, v1)
+    forged = TopicDescriptor.create(BOB, "t", meta=meta.cid, parent=v1.cid)
+    core.handle(ev.Subscribe(v1, True, versions=(forged,)), 3000.0)
+    assert core.latest(v1.cid) == v1
+
+
+def test_update_records_the_heads_stores_then_announces_on_the_meta_topic() -> None:
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    author = PulsarCore(AUTHOR, NoRouting())
+    author.handle(ev.Subscribe(meta, True, 0.0), 10.0)
+    author.handle(ev.Subscribe(v1, True, 0.0), 10.0)
+    (stored,) = author.handle(ev.Publish(v1.cid, b"x", None, 1), 11.0)
+    assert isinstance(stored, ev.StoreDht)
+    author.handle(ev.DhtStored(stored.cid, 2), 11.1)
+    out = author.handle(ev.UpdateTopic(2, v1.cid, ev.TopicChanges(
+        allowed_publishers=PublishRule(True, ()))), 12.0)
+    assert [type(o) for o in out] == [ev.StoreDht]
+    v2 = TopicDescriptor.from_block(out[0].block)
+    assert v2.parent == v1.cid and v2.heads == (stored.cid,)
+    assert author.latest(v1.cid) == v1  # not before it is persisted
+    out = author.handle(ev.DhtStored(v2.cid, 3), 12.1)
+    assert ev.VersionAdopted(v1.cid, v2) in out and author.latest(v1.cid) == v2
+    (announce,) = [o for o in out if isinstance(o, ev.StoreDht)]
+    assert EventDescriptor.from_block(announce.block).payload == v2.cid.raw
+    out = author.handle(ev.DhtStored(announce.cid, 3), 12.2)
+    assert ev.TopicReady(2, v2) in out
+
+
+def test_only_the_author_may_update() -> None:
+    meta, v1 = _topic()
+    core = _reader(meta, v1)
+    out = core.handle(ev.UpdateTopic(9, v1.cid), 3001.0)
+    assert out == [ev.CommandFailed(9, "only the topic's author may update it")]
+
+
+def test_a_version_announced_before_the_node_subscribed_is_adopted_from_meta_history() -> None:
+    """Members follow the meta topic's whole history, so a version made while a node was
+    away (or before it subscribed) is adopted when a neighbour names the meta heads."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    v2 = _version(v1, [], allowed_publishers=[])
+    announcement = EventDescriptor.create(AUTHOR, meta.cid, v2.cid.raw, now=1.0)
+    core = _reader(meta, v1)
+    out = core.handle(ev.Received(AUTHOR.peer_id, Heads(meta.cid, (announcement.cid,))), 3001.0)
+    (want,) = [o.message for o in out if isinstance(o, ev.Send) and isinstance(o.message, Want)]
+    assert want.head == announcement.cid and want.after == "1970-01-01T00:00:00.000Z"  # all
+    out = core.handle(
+        ev.Received(AUTHOR.peer_id, Blocks(meta.cid, announcement.cid, (announcement.block,))),
+        3001.1,
+    )
+    assert _delivered(out) == [announcement.cid] and ev.Fetch(v2.cid) in out
+    core.handle(ev.BlockFetched(v2.cid, v2.block), 3001.2)
+    assert core.latest(v1.cid) == v2
