@@ -1,8 +1,8 @@
 """The REST API of one node: the aiohttp application and its lifecycle.
 
 ``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`,
-:mod:`api.replay` and :mod:`api.node_info`, behind the problem-document and bearer-token middlewares, with a
-request body limit. It binds to 127.0.0.1 unless told otherwise.
+:mod:`api.replay` and :mod:`api.node_info`, behind the problem-document and bearer-token
+middlewares, with a request body limit. It binds to 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations

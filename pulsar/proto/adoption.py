@@ -1,0 +1,207 @@
+"""Topic commands and version adoption.
+
+* **Create** (paper, algorithm 1): the meta topic (author-only) and the topic, both
+  persisted in the DHT (``min_acks``) before the node becomes the root of both trees.
+* **Update**: a new version on top of the latest, recording the topic's heads now (what
+  it vouches for, see :mod:`pulsar.proto.versions`), persisted, adopted, then announced
+  on the meta topic; the update is ready once the announcement is published.
+* **Adoption**: versions named by meta events, heads records, restarts and events are
+  fetched when unknown, registered only if their lineage holds, and adopted when they are
+  the latest; events that named an unknown version wait for it (bounded) and are judged
+  once it is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
+
+from . import events as ev
+from .events import Out
+from .messages import Event
+from .parts import CoreParts
+from .topics import build_topic, build_version
+
+__all__ = ["VersionAdoption"]
+
+
+@dataclass(slots=True)
+class TopicJob:
+    """A create or update waiting for its descriptors to be persisted."""
+
+    request: int
+    topic: TopicDescriptor
+    meta: TopicDescriptor | None
+    left: set[CID] = field(default_factory=set)
+    failed: bool = False
+
+
+class VersionAdoption(CoreParts):
+    """The topic-command and version-adoption part of the core."""
+
+    _topic_jobs: dict[CID, TopicJob]
+
+    def _on_create(self, cmd: ev.CreateTopic, now: float) -> Out:
+        try:
+            meta, topic = build_topic(self.identity, cmd, now)
+        except InvalidDescriptor as exc:
+            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}")]
+        job = TopicJob(cmd.request, topic, meta, {meta.cid, topic.cid})
+        self._topic_jobs[meta.cid] = self._topic_jobs[topic.cid] = job
+        return [ev.StoreDht(meta.cid, meta.block), ev.StoreDht(topic.cid, topic.block)]
+
+    def _on_update(self, cmd: ev.UpdateTopic, now: float) -> Out:
+        tree = self._trees.get(cmd.topic)
+        current = self.versions.latest(cmd.topic)
+        if tree is None or current is None:
+            return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
+        if current.author != self.me:
+            return [ev.CommandFailed(cmd.request, "only the topic's author may update it")]
+        if current.is_meta:
+            return [ev.CommandFailed(cmd.request, "a meta topic has no versions")]
+        heads = self.backfill.heads(cmd.topic)
+        if tree.last_seen is not None and tree.last_seen not in heads:
+            heads.append(tree.last_seen)  # our own event still on its way into the DHT
+        try:
+            version = build_version(self.identity, current, cmd.changes, heads, now)
+        except InvalidDescriptor as exc:
+            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}")]
+        self._topic_jobs[version.cid] = TopicJob(cmd.request, version, None, {version.cid})
+        return [ev.StoreDht(version.cid, version.block)]
+
+    def _topic_stored(self, job: TopicJob, result: ev.DhtStored, now: float) -> Out:
+        job.left.discard(result.cid)
+        if job.failed:
+            return []
+        if result.acks < self.config.min_acks:
+            job.failed = True
+            self.metrics["store_quorum_failed"] += 1
+            return [ev.CommandFailed(job.request, self._quorum_reason(result.acks, "topic"))]
+        if job.left:
+            return []
+        topic = job.topic
+        if job.meta is not None:  # created: root of both trees
+            out = self._on_subscribe(ev.Subscribe(job.meta, True, now), now)
+            out += self._on_subscribe(ev.Subscribe(topic, True, now), now)
+            out.append(ev.TopicReady(job.request, topic))
+            return out
+        out = self._add_version(topic, now)
+        assert topic.parent is not None
+        first = self.versions.first_of(topic.cid)
+        tree = None if first is None else self._trees.get(first)
+        meta_tree = None if topic.meta is None else self._trees.get(topic.meta)
+        if tree is not None:
+            out += self._arm_record(tree, 0.0)  # the record names the new version
+        if meta_tree is None:
+            out.append(ev.TopicReady(job.request, topic))
+            return out
+        announcement = EventDescriptor.create(
+            self.identity,
+            meta_tree.topic.cid,
+            topic.cid.raw,
+            parent=self._parent_for(meta_tree),
+            now=now,
+        )
+        return out + self._publish(
+            meta_tree, announcement, None, then=ev.TopicReady(job.request, topic)
+        )
+
+    def _add_version(self, topic: TopicDescriptor, now: float) -> Out:
+        """Register a validated topic version; fetch its parent if the lineage is not known
+        yet; adopt it where it is the newest; release what waited for it."""
+        added = self.versions.add(topic)
+        out: Out = []
+        if added.refused is not None:
+            out += self._version_gone(topic.cid, added.refused)
+            return out
+        if added.missing is not None:
+            return self._fetch_version(added.missing)
+        for version in added.registered:
+            first = self.versions.first_of(version.cid)
+            assert first is not None
+            tree = self._trees.get(first)
+            adopted = version.parent is not None and self.versions.latest(first) is version
+            if tree is not None and adopted:
+                out.append(ev.StoreLocal(version.cid, version.block))
+                out.append(ev.VersionAdopted(first, version))
+            out += self._release(version.cid, now)
+            out += self._version_resolved(version.cid, now)
+        return out
+
+    def _fetch_version(self, cid: CID) -> Out:
+        if cid in self._version_fetches or self.versions.get(cid) is not None:
+            return []
+        if len(self._version_fetches) >= self.config.parked_limit:
+            return self._version_gone(cid, "too many topic versions being fetched")
+        self._version_fetches.add(cid)
+        return [ev.Fetch(cid)]
+
+    def _version_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+        self._version_fetches.discard(cid)
+        if block is None:
+            return self._version_gone(cid, "topic version not found")
+        try:
+            topic = TopicDescriptor.from_block(block, cid)
+        except InvalidDescriptor as exc:
+            return self._version_gone(cid, f"invalid topic version: {exc}")
+        return [ev.StoreLocal(cid, block), *self._add_version(topic, now)]
+
+    def _version_gone(self, cid: CID, reason: str) -> Out:
+        """``cid`` (a version or a parent some versions wait for) will not register: drop
+        what waited on it, and stop waiting for it before publishing."""
+        out: Out = []
+        gone = [cid, *self.versions.drop_orphan(cid)]
+        for waiting in list(self.versions.waiting_on(cid)):
+            gone += self.versions.drop_orphan(waiting)
+        for version in dict.fromkeys(gone):
+            out += self._drop_parked(version, reason)
+            out += self._version_resolved(version, 0.0)
+        return out
+
+    def _version_resolved(self, cid: CID, now: float) -> Out:
+        out: Out = []
+        for tree in list(self._trees.values()):
+            if cid in tree.sync_waiting:
+                tree.sync_waiting.discard(cid)
+                out += self._maybe_synced(tree, now)
+        return out
+
+    def _announced(self, event: EventDescriptor, now: float) -> Out:
+        """A meta-topic event (author-only, already judged) names a new topic version by
+        its CID: fetch it and adopt it (its lineage and author are checked on the way)."""
+        if not isinstance(event.payload, bytes):
+            return self._reject(None, f"meta event {event.cid} does not carry a version CID")
+        try:
+            cid = CID.parse(event.payload)
+        except ValueError:
+            return self._reject(None, f"meta event {event.cid} does not carry a version CID")
+        if self.versions.get(cid) is not None:
+            return []
+        block = self._lookup(cid)
+        if block is not None:
+            return self._version_fetched(cid, block, now)
+        return self._fetch_version(cid)
+
+    def _park(self, version: CID, peer: PeerId | None, msg: Event) -> Out:
+        if self._parked_count >= self.config.parked_limit:
+            return self._reject(peer, "too many events waiting for topic versions")
+        self._parked_count += 1
+        self._parked.setdefault(version, []).append((peer, msg))
+        return self._fetch_version(version)
+
+    def _release(self, version: CID, now: float) -> Out:
+        waiting = self._parked.pop(version, [])
+        self._parked_count -= len(waiting)
+        out: Out = []
+        for peer, msg in waiting:
+            out += self._on_event(peer, msg, now)
+        return out
+
+    def _drop_parked(self, version: CID, reason: str) -> Out:
+        waiting = self._parked.pop(version, [])
+        self._parked_count -= len(waiting)
+        out: Out = []
+        for peer, _ in waiting:
+            out += self._reject(peer, f"{reason} ({version})")
+        return out

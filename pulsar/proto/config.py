@@ -1,0 +1,55 @@
+"""The protocol core's settings: one frozen dataclass with defaults for a laptop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LONE_NODE", "CoreConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    parent_retries: int = 3
+    """Attempts to re-reach a lost parent before routing a new JOIN around it."""
+    parent_retry_delay: float = 0.25
+    """First retry delay; doubles on each attempt."""
+    root_check_interval: float = 5.0
+    """How often a node acting as root (author offline or unknown) looks for a way in."""
+    request_timeout: float = 10.0
+    """How long a request to publish may wait for its event to come back."""
+    seen_limit: int = 200_000
+    """Event CIDs remembered per tree for de-duplication (oldest forgotten first)."""
+    parked_limit: int = 10_000
+    """Events held while their topic version is fetched."""
+    routing_candidates: int = 20
+    join_timeout: float = 2.0
+    """A JOIN is answered with JOINED; unanswered this long, it counts as a failed attempt
+    (a lost JOIN must not leave a node silently detached)."""
+    avoid_for: float = 30.0
+    """How long a parent we gave up on is left out of join routing."""
+    min_acks: int = 1
+    """DHT nodes that must acknowledge an event (or topic) before it counts as persisted:
+    the publish fails with a clear error below this and the event is not forwarded."""
+    record_delay: float = 0.5
+    """After a publish, how long to gather more before writing the heads record."""
+    author_record_interval: float = 5.0
+    """The author also rewrites its record when its heads change, at most this often."""
+    waiting_publishes: int = 1000
+    """Publishes (and requests to publish) queued per tree while it learns the latest
+    version and heads; beyond this they fail at once."""
+    sync_rounds: int = 2
+    """Rounds of heads-record look-ups: the author and allowed publishers, then the
+    publishers their records name."""
+    sync_publishers: int = 16
+    """Most publishers whose records one round asks for."""
+
+    def __post_init__(self) -> None:
+        if self.min_acks < 0:
+            raise ValueError("min_acks must be >= 0")
+        if self.sync_rounds < 1 or self.sync_publishers < 1:
+            raise ValueError("sync_rounds and sync_publishers must be >= 1")
+
+
+LONE_NODE = CoreConfig(min_acks=0)
+"""For a node that runs without DHT peers on purpose (one-node benchmarks): a publish
+counts as persisted once it is in the local store."""

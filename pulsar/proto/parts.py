@@ -1,0 +1,90 @@
+"""What the parts of :class:`~pulsar.proto.core.PulsarCore` share.
+
+The core is one machine split by job into modules: :mod:`~pulsar.proto.core` (inputs,
+trees, events), :mod:`~pulsar.proto.publishing` (publish rules, linking, the write
+quorum, heads records, learning before publishing) and :mod:`~pulsar.proto.adoption`
+(topic commands and version adoption). Each part is a class over this base, which names
+the state they share and the few methods one part calls in another, so that each module
+type-checks on its own and ``PulsarCore`` is simply all of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
+
+from . import events as ev
+from .backfill import Backfill
+from .config import CoreConfig
+from .events import Out
+from .messages import Event
+from .plumtree import Plumtree
+from .stores import OwnStores
+from .tree import Tree, TreeRouter
+from .versions import TopicVersions
+
+__all__ = ["CoreParts"]
+
+
+class CoreParts(ABC):
+    identity: Identity
+    me: PeerId
+    config: CoreConfig
+    router: TreeRouter
+    _trees: dict[CID, Tree]
+    _lookup: Callable[[CID], bytes | None]
+    versions: TopicVersions
+    lazy: Plumtree
+    backfill: Backfill
+    metrics: dict[str, int]
+    _stores: OwnStores
+    _parked: dict[CID, list[tuple[PeerId | None, Event]]]
+    _parked_count: int
+    _version_fetches: set[CID]
+    _parent_checks: dict[CID, list[tuple[ev.Publish, CID]]]
+    _syncing: set[CID]
+
+    # -- core.py
+    @abstractmethod
+    def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out: ...
+
+    @abstractmethod
+    def _on_event(self, peer: PeerId | None, msg: Event, now: float) -> Out: ...
+
+    @abstractmethod
+    def _verify_backfilled(self, topic: CID, block: bytes) -> EventDescriptor | None: ...
+
+    @abstractmethod
+    def _parent_for(self, tree: Tree) -> CID | None: ...
+
+    @abstractmethod
+    def _eager(self, tree: Tree) -> list[PeerId]: ...
+
+    @abstractmethod
+    def _remember(self, tree: Tree, cid: CID) -> None: ...
+
+    @abstractmethod
+    def _reject(self, peer: PeerId | None, reason: str) -> Out: ...
+
+    # -- publishing.py
+    @abstractmethod
+    def _publish(self, tree: Tree, event: EventDescriptor, request: int | None, *,
+                 then: ev.TopicReady | None = None) -> Out: ...
+
+    @abstractmethod
+    def _maybe_synced(self, tree: Tree, now: float) -> Out: ...
+
+    @abstractmethod
+    def _arm_record(self, tree: Tree, delay: float) -> Out: ...
+
+    @abstractmethod
+    def _quorum_reason(self, acks: int, what: str) -> str: ...
+
+    # -- adoption.py
+    @abstractmethod
+    def _fetch_version(self, cid: CID) -> Out: ...
+
+    @abstractmethod
+    def _add_version(self, topic: TopicDescriptor, now: float) -> Out: ...

@@ -1,0 +1,343 @@
+"""Publishing: who may publish, what an event links to, and when it counts as published.
+
+* **Rights** under the latest version this node knows (:mod:`pulsar.proto.versions`): a
+  node that may publish signs the event; one that may only request sends a
+  REQUEST_TO_PUBLISH up its parents to the first node allowed to publish it.
+* **Learning first.** A node that is not the author reads the heads records of the author
+  and the allowed publishers (then of the publishers those name), fetches the versions
+  they name, and waits for its JOIN to be answered, before it publishes or turns a request
+  into an event: so it publishes under the latest rules and links to the latest events.
+  Publishes wait (bounded) meanwhile.
+* **Linking.** LAST_SEEN links the newest event known here (``_parent_for`` in the core);
+  a CUSTOM parent must be an event of the topic, verified locally or fetched first.
+* **Persisted before forwarded** (:mod:`pulsar.proto.stores`): an event goes down the tree
+  only once ``min_acks`` DHT nodes stored it, in chain order; otherwise the publish fails.
+* **Heads records**: after publishing, the node writes its signed heads record of the
+  topic to the DHT (debounced); the author also when its heads change.
+"""
+
+from __future__ import annotations
+
+from dag import CID, EventDescriptor, EventLinking, InvalidDescriptor, PeerId, TopicDescriptor
+from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
+
+from . import events as ev
+from .events import Out
+from .messages import Event, RequestToPublish
+from .parts import CoreParts
+from .stores import Stored
+from .timers import RecordTimer, RequestTimeout
+from .tree import Tree
+
+__all__ = ["Publishing"]
+
+
+class Publishing(CoreParts):
+    """The publishing part of the core (see the module docstring)."""
+
+    def _on_publish(self, cmd: ev.Publish, now: float) -> Out:
+        tree = self._trees.get(cmd.topic)
+        if tree is None:
+            return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
+        if tree.topic.is_meta:
+            return [ev.CommandFailed(cmd.request, "meta topics carry only topic versions")]
+        if not tree.synced:
+            return self._wait_for_sync(tree, cmd)
+        topic = self.versions.latest(tree.topic.cid)
+        assert topic is not None
+        if topic.event_linking is EventLinking.LAST_SEEN and cmd.parent is not None:
+            return [ev.CommandFailed(cmd.request, "topic links events LAST_SEEN; no parent")]
+        if topic.event_linking is EventLinking.CUSTOM and cmd.parent is not None:
+            problem = self._check_parent(tree, cmd.parent)
+            if problem == "fetch":
+                return self._fetch_parent(cmd, tree.topic.cid)
+            if problem is not None:
+                return [ev.CommandFailed(cmd.request, problem)]
+        return self._publish_now(tree, topic, cmd, now)
+
+    def _publish_now(
+        self, tree: Tree, topic: TopicDescriptor, cmd: ev.Publish, now: float
+    ) -> Out:
+        parent = (
+            self._parent_for(tree) if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
+        )
+        if topic.may_publish(self.me):
+            event = EventDescriptor.create(
+                self.identity, topic.cid, cmd.payload, parent=parent, now=now
+            )
+            return self._publish(tree, event, cmd.request)
+        if not topic.may_request(self.me):
+            return [ev.CommandFailed(cmd.request, "not allowed to publish or to request it")]
+        if not tree.parents:
+            return [ev.CommandFailed(cmd.request, "no parent to carry a request to publish")]
+        created, signature = EventDescriptor.sign_content(
+            self.identity, topic.cid, cmd.payload, now=now
+        )
+        request = RequestToPublish(
+            tree.topic.cid, topic.cid, self.me, cmd.payload, created, signature, cmd.parent
+        )
+        tree.requests[signature] = cmd.request
+        out: Out = [ev.Send(p, request) for p in sorted(tree.parents, key=bytes)]
+        out.append(
+            ev.SetTimer(self.config.request_timeout, RequestTimeout(tree.topic.cid, signature))
+        )
+        return out
+
+    def _check_parent(self, tree: Tree, parent: CID) -> str | None:
+        """A CUSTOM parent must be a valid event of this topic: None if it is, "fetch" if it
+        must be fetched first, else why not."""
+        if parent in tree.seen or self.backfill.known(tree.topic.cid, parent):
+            return None
+        block = self._lookup(parent)
+        if block is None:
+            return "fetch"
+        if self._verify_backfilled(tree.topic.cid, block) is None:
+            return f"parent {parent} is not a valid event of this topic"
+        return None
+
+    def _fetch_parent(self, cmd: ev.Publish, topic: CID) -> Out:
+        waiting = self._parent_checks.get(cmd.parent)  # type: ignore[arg-type]
+        assert cmd.parent is not None
+        if waiting is not None:
+            waiting.append((cmd, topic))
+            return []
+        if len(self._parent_checks) >= self.config.waiting_publishes:
+            return [ev.CommandFailed(cmd.request, "too many parents being checked")]
+        self._parent_checks[cmd.parent] = [(cmd, topic)]
+        return [ev.Fetch(cmd.parent)]
+
+    def _parent_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+        out: Out = []
+        for cmd, topic in self._parent_checks.pop(cid, []):
+            tree = self._trees.get(topic)
+            latest = self.versions.latest(topic)
+            if tree is None or latest is None:
+                out.append(ev.CommandFailed(cmd.request, "left the topic before publishing"))
+            elif block is None:
+                out.append(ev.CommandFailed(cmd.request, f"parent {cid} not found"))
+            elif self._verify_backfilled(topic, block) is None:
+                reason = f"parent {cid} is not a valid event of this topic"
+                out.append(ev.CommandFailed(cmd.request, reason))
+            else:
+                out.append(ev.StoreLocal(cid, block))
+                out += self._publish_now(tree, latest, cmd, now)
+        return out
+
+    def _wait_for_sync(self, tree: Tree, item: ev.Publish | tuple[PeerId, RequestToPublish]) -> Out:
+        if len(tree.waiting) >= self.config.waiting_publishes:
+            if isinstance(item, ev.Publish):
+                return [ev.CommandFailed(item.request, "too many publishes waiting for the topic")]
+            return self._reject(item[0], "too many requests to publish waiting")
+        tree.waiting.append(item)
+        return self._start_sync(tree)
+
+    def _start_sync(self, tree: Tree) -> Out:
+        """Look up the topic's heads records before publishing, so the node judges and
+        publishes under the latest version and links to the latest events."""
+        if tree.synced or tree.sync_round > 0:
+            return []
+        tree.sync_round = 1
+        latest = self.versions.latest(tree.topic.cid) or tree.topic
+        publishers = [tree.topic.author]
+        if latest.allowed_publishers.enabled:
+            publishers += [p for p in latest.allowed_publishers.peers if p != self.me]
+        chosen = tuple(dict.fromkeys(publishers))[: self.config.sync_publishers]
+        tree.sync_asked.update(chosen)
+        return [ev.FetchRecords(tree.topic.cid, chosen)]
+
+    def _on_records(self, msg: ev.RecordsFetched, now: float) -> Out:
+        tree = self._trees.get(msg.topic)
+        if tree is None or tree.synced:
+            return []
+        out: Out = []
+        heads: list[CID] = []
+        newest: HeadsRecord | None = None
+        found: list[PeerId] = []
+        for record in msg.records:
+            if record.topic != tree.topic.cid or record.publisher not in tree.sync_asked:
+                continue
+            if self.versions.get(record.version) is None:
+                tree.sync_waiting.add(record.version)
+                out += self._fetch_version(record.version)
+            heads += record.heads
+            if newest is None or record.created > newest.created:
+                newest = record
+            found += [p for p in record.peers if p not in tree.sync_asked and p != self.me]
+        if heads and tree.deliver:
+            out += self.backfill.learn_heads(tree.topic.cid, dict.fromkeys(heads), None, now)
+        if newest is not None and newest.heads and tree.hint is None:
+            tree.hint = newest.heads[-1]
+        more = tuple(dict.fromkeys(found))[: self.config.sync_publishers]
+        if more and tree.sync_round < self.config.sync_rounds:
+            tree.sync_round += 1
+            tree.sync_asked.update(more)
+            out.append(ev.FetchRecords(tree.topic.cid, more))
+            return out
+        tree.records_done = True
+        return out + self._maybe_synced(tree, now)
+
+    def _maybe_synced(self, tree: Tree, now: float) -> Out:
+        """Synced once the records were read, the versions they name fetched, and the
+        tree is attached (our parent's JOINED carries its current heads, fresher than any
+        record) or we act as its root."""
+        if tree.synced or not tree.records_done or tree.sync_waiting:
+            return []
+        if not (tree.acting_root or tree.confirmed & tree.parents):
+            self._syncing.add(tree.topic.cid)
+            return []
+        self._syncing.discard(tree.topic.cid)
+        tree.synced = True
+        out: Out = []
+        waiting, tree.waiting = tree.waiting, []
+        for item in waiting:
+            if isinstance(item, ev.Publish):
+                out += self._on_publish(item, now)
+            else:
+                out += self._on_request(item[0], item[1], now)
+        return out
+
+    def _publish(
+        self,
+        tree: Tree,
+        event: EventDescriptor,
+        request: int | None,
+        *,
+        then: ev.TopicReady | None = None,
+    ) -> Out:
+        self._remember(tree, event.cid)
+        tree.last_seen = event.cid
+        self._stores.add(Stored(tree.topic.cid, event, request, then))
+        return [ev.StoreDht(event.cid, event.block)]
+
+    def _on_dht_stored(self, result: ev.DhtStored, now: float) -> Out:
+        """An event of ours was stored (or not) by the DHT: forward what is ready."""
+        ready, failed = self._stores.complete(result.cid, result.acks, self.config.min_acks)
+        out: Out = []
+        for item in ready:
+            out += self._forward_published(item, now)
+        for item in reversed(failed):  # newest first: LAST_SEEN walks back past them all
+            out += self._store_failed(item, result.acks)
+        return out
+
+    def _store_failed(self, item: Stored, acks: int) -> Out:
+        """Not persisted: the event is not forwarded and its publish fails; the tree's
+        next LAST_SEEN event links to what came before it."""
+        self.metrics["store_quorum_failed"] += 1
+        tree = self._trees.get(item.tree)
+        if tree is not None:
+            tree.seen.pop(item.event.cid, None)
+            if tree.last_seen == item.event.cid:
+                tree.last_seen = item.event.parent
+        reason = self._quorum_reason(acks, "event")
+        out: Out = []
+        if item.request is not None:
+            out.append(ev.CommandFailed(item.request, reason))
+        if item.then is not None:
+            out.append(ev.CommandFailed(item.then.request, f"announcement: {reason}"))
+        return out
+
+    def _quorum_reason(self, acks: int, what: str) -> str:
+        return (
+            f"{what} stored on {acks} DHT node(s), fewer than the {self.config.min_acks} "
+            "required (min_acks); not published — is the node connected to its network?"
+        )
+
+    def _forward_published(self, pending: Stored, now: float) -> Out:
+        """Our own event is in the DHT: deliver it here and send it down the tree."""
+        topic_cid, event = pending.tree, pending.event
+        self.metrics["published"] += 1
+        out: Out = []
+        if pending.request is not None:
+            out.append(ev.Published(pending.request, event))
+        if pending.then is not None:
+            out.append(pending.then)
+        tree = self._trees.get(topic_cid)
+        if tree is None:
+            return out
+        self._saw_publisher(tree, event.publisher)
+        out += self.backfill.accepted(topic_cid, event, 0, None, now)
+        self._match_request(tree, event, out)
+        message = Event(topic_cid, event.block, 1)
+        for peer in self._eager(tree):
+            out.append(ev.Send(peer, message))
+            self.metrics["forwarded"] += 1
+        out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
+        if not tree.topic.is_meta:
+            out += self._arm_record(tree, self.config.record_delay)
+        return out
+
+    def _arm_record(self, tree: Tree, delay: float) -> Out:
+        if tree.record_armed:
+            return []
+        tree.record_armed = True
+        return [ev.SetTimer(delay, RecordTimer(tree.topic.cid))]
+
+    def _write_record(self, tree: Tree, now: float) -> Out:
+        tree.record_armed = False
+        latest = self.versions.latest(tree.topic.cid)
+        if latest is None:
+            return []
+        heads = self.backfill.heads(tree.topic.cid)
+        if tree.last_seen is not None and tree.last_seen not in heads:
+            heads.append(tree.last_seen)
+        tree.record_seq = max(tree.record_seq + 1, int(now * 1000))
+        peers = tuple(p for p in tree.publishers if p != self.me)[-MAX_RECORD_PEERS:]
+        record = HeadsRecord.create(
+            self.identity,
+            tree.topic.cid,
+            tree.record_seq,
+            latest.cid,
+            tuple(heads[-MAX_RECORD_HEADS:]),
+            peers,
+            now=now,
+        )
+        self.metrics["records_written"] += 1
+        return [ev.StoreRecord(record)]
+
+    def _saw_publisher(self, tree: Tree, publisher: PeerId) -> None:
+        tree.publishers[publisher] = None
+        tree.publishers.move_to_end(publisher)
+        if len(tree.publishers) > MAX_RECORD_PEERS + 1:
+            tree.publishers.popitem(last=False)
+
+    def _match_request(self, tree: Tree, event: EventDescriptor, out: Out) -> None:
+        if event.author == self.me and tree.requests:
+            request = tree.requests.pop(event.author_signature, None)
+            if request is not None:
+                out.append(ev.Published(request, event))
+
+    def _on_request(self, peer: PeerId, msg: RequestToPublish, now: float) -> Out:
+        tree = self._trees.get(msg.topic)
+        if tree is None:
+            return self._reject(peer, f"request to publish on {msg.topic}, not our tree")
+        if self.versions.first_of(msg.version) != tree.topic.cid:
+            return self._reject(peer, f"request names unknown version {msg.version}")
+        latest = self.versions.latest(tree.topic.cid)
+        assert latest is not None
+        if not latest.may_publish(self.me):
+            if not tree.parents:
+                return self._reject(peer, "request reached the root; nobody may publish it")
+            return [ev.Send(p, msg) for p in sorted(tree.parents, key=bytes)]
+        if not tree.synced:
+            return self._wait_for_sync(tree, (peer, msg))
+        if not latest.may_request(msg.author):
+            return self._reject(peer, f"{msg.author} may not request to publish")
+        if latest.event_linking is EventLinking.LAST_SEEN:
+            parent = self._parent_for(tree)
+        else:
+            parent = msg.parent
+            if parent is not None and self._check_parent(tree, parent) is not None:
+                return self._reject(peer, f"request names parent {parent}, not known here")
+        try:
+            event = EventDescriptor.create(
+                self.identity,
+                msg.version,
+                msg.payload,
+                parent=parent,
+                author=msg.author,
+                created=msg.created,
+                author_signature=msg.signature,
+            )
+        except InvalidDescriptor as exc:
+            return self._reject(peer, f"request to publish: {exc}")
+        return self._publish(tree, event, None)
