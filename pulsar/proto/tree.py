@@ -5,8 +5,9 @@ peer is *strictly* closer than this node (DESIGN.md's progress rule). Parent edg
 therefore always shrink the XOR distance to the author, so a tree has no cycles, and a node
 that knows nobody closer acts as root — which is also how a tree survives its author being
 offline (Scribe-style). A lost parent is retried ``parent_retries`` times with backoff;
-then the node routes a new JOIN around it and tells it so with LEAVE (a slow parent that is
-still alive would otherwise keep pushing events down an edge nobody uses).
+then the node routes a new JOIN around it. A parent given up on because it did not answer
+the JOIN in time (it is connected, only slow) is told so with LEAVE: it may have taken us
+as a child after all, and would keep pushing events down an edge nobody uses.
 """
 
 from __future__ import annotations
@@ -157,8 +158,10 @@ class TreeRouter:
             ev.SetTimer(self.config.join_timeout, JoinTimeout(tree.topic.cid, peer)),
         ]
 
-    def parent_failed(self, tree: Tree, peer: PeerId, now: float, *, give_up: bool = False) -> Out:
-        """Retry a parent with backoff; after ``parent_retries`` route around it."""
+    def parent_failed(self, tree: Tree, peer: PeerId, now: float, *, give_up: bool = False,
+                      alive: bool = False) -> Out:
+        """Retry a parent with backoff; after ``parent_retries`` route around it. A parent
+        that is ``alive`` (it only failed to answer our JOIN in time) is told with LEAVE."""
         attempt = tree.retries.get(peer, 0) + 1
         tree.retries[peer] = attempt
         if attempt <= self.config.parent_retries and not give_up:
@@ -167,7 +170,9 @@ class TreeRouter:
         tree.parents.discard(peer)
         tree.retries.pop(peer, None)
         tree.avoid[peer] = now + self.config.avoid_for
-        # If it is only slow, it must stop pushing to us: tell it we left.
+        if not alive:  # unreachable: a LEAVE would only cost another round of dials
+            return self.join(tree, now)
+        # Only slow: it may have taken us as a child after all, and must stop pushing.
         return [ev.Send(peer, Leave(tree.topic.cid)), *self.join(tree, now)]
 
     def on_timer(self, timer: RetryParent | JoinTimeout | RootCheck, now: float) -> Out:
@@ -184,7 +189,7 @@ class TreeRouter:
             case JoinTimeout():
                 if timer.peer not in tree.parents or timer.peer in tree.confirmed:
                     return []
-                return self.parent_failed(tree, timer.peer, now)
+                return self.parent_failed(tree, timer.peer, now, alive=True)
             case RootCheck():
                 if not tree.acting_root or tree.topic.author == self.me:
                     return []

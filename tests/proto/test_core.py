@@ -185,15 +185,13 @@ def test_lost_parent_is_retried_then_routed_around() -> None:
     assert core.handle(ev.PeerDown(first), 1.4) == [ev.SetTimer(0.5, RetryParent(topic.cid, first))]
     # ... and once the retries are used up, routing goes around it.
     out = core.handle(ev.PeerDown(first), 2.0)
-    assert out == _leave_and_join(topic, first, others[1].peer_id)
+    assert out == _join(topic, others[1].peer_id)
     # A re-sent JOIN that cannot even be dialled gives up at once (the transport retried).
     second = others[1].peer_id
     core.handle(ev.Received(second, Joined(topic.cid, ())), 2.1)
     core.handle(ev.PeerDown(second), 2.2)
     assert core.handle(ev.TimerFired(RetryParent(topic.cid, second)), 2.5) == _join(topic, second)
-    assert core.handle(ev.SendFailed(second), 2.6) == _leave_and_join(
-        topic, second, others[2].peer_id
-    )
+    assert core.handle(ev.SendFailed(second), 2.6) == _join(topic, others[2].peer_id)
 
 
 def test_a_parent_never_reached_is_routed_around_at_once() -> None:
@@ -207,7 +205,25 @@ def test_a_parent_never_reached_is_routed_around_at_once() -> None:
     core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
     core.handle(ev.Subscribe(topic), 0.0)
     out = core.handle(ev.SendFailed(others[0].peer_id), 0.1)
-    assert out == _leave_and_join(topic, others[0].peer_id, others[1].peer_id)
+    assert out == _join(topic, others[1].peer_id)
+
+
+def test_a_parent_too_slow_to_answer_the_join_is_left_and_routed_around() -> None:
+    """It is connected but its JOINED did not come in time: after the retries it is told
+    with LEAVE (it may have taken us as a child after all) and routing goes around it."""
+    author = _ident(1)
+    topic = _topic(author)
+    others = sorted(
+        (_ident(i) for i in range(2, 12)), key=lambda i: _distance(i.peer_id, author.peer_id)
+    )
+    core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]),
+                      CoreConfig(parent_retries=1))
+    core.handle(ev.Subscribe(topic), 0.0)
+    slow = others[0].peer_id
+    timeout = ev.TimerFired(JoinTimeout(topic.cid, slow))
+    assert core.handle(timeout, 2.0) == [ev.SetTimer(0.25, RetryParent(topic.cid, slow))]
+    assert core.handle(ev.TimerFired(RetryParent(topic.cid, slow)), 2.3) == _join(topic, slow)
+    assert core.handle(timeout, 4.3) == _leave_and_join(topic, slow, others[1].peer_id)
 
 
 def test_leave_from_parent_makes_the_child_rejoin() -> None:
