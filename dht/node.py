@@ -26,6 +26,7 @@ from kademlia.node import Node
 from dag.chunks import MAX_PAYLOAD_SIZE, assemble, split
 from dag.cid import CID, DAG_CBOR, RAW, cid_of, cid_of_raw
 from dag.identity import Identity, PeerId
+from dag.records import HeadsRecord, heads_record_key
 from dag.store import BlockStore
 
 from .config import DhtConfig
@@ -34,6 +35,7 @@ from .keys import check_block_size, check_fetchable, dht_key
 from .lookup import NeighbourhoodCache, find_value
 from .maintenance import Maintainer, MaintenanceReport
 from .peers import Contact, HasKademliaId, PeerBook, kademlia_key
+from .records import find_record, parse_record
 from .replication import PutResult, Replicator
 from .server import PulsarServer
 from .stats import DhtStats
@@ -249,6 +251,38 @@ class DhtNode:
             return await self.get(cid, timeout=timeout)
 
         return await assemble(root, fetch, max_size=max_size)
+
+    # -- heads records (mutable, signed: see dht.records) ----------------------------------
+
+    async def put_record(self, record: HeadsRecord) -> int:
+        """Store ``record`` here and at the k closest nodes of its key; returns how many of
+        them acknowledged (a holder of a newer record refuses it). Refused here too when
+        this node already holds a newer one."""
+        self._check_running()
+        if not self._storage.offer(record.key, record.block):
+            return 0
+        replicated = await self._replicator.replicate(record.key, record.block)
+        return replicated.acks
+
+    async def get_record(self, topic: CID, publisher: PeerId, *,
+                         timeout: float | None = None) -> HeadsRecord | None:
+        """The newest valid heads record of ``publisher`` for ``topic`` that this node or
+        the k nodes closest to its key hold (see :func:`dht.records.find_record`); None if
+        none has one. A timeout returns what was found so far: the local copy, if any."""
+        self._check_running()
+        key = heads_record_key(topic, publisher)
+        local = parse_record(key, self._storage.get(key))
+        try:
+            async with asyncio.timeout(timeout or self._config.get_timeout):
+                found = await find_record(self._protocol, topic, publisher,
+                                          ksize=self._config.ksize, alpha=self._config.alpha,
+                                          stats=self.stats)
+        except TimeoutError:
+            found = None
+        if found is None or (local is not None and local.seq >= found.seq):
+            return local
+        self._storage.offer(key, found.block)  # keep the newest we saw: we may be asked
+        return found
 
     # -- routing queries for the tree layer ----------------------------------------------
 

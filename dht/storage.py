@@ -30,6 +30,7 @@ from kademlia.storage import IStorage
 from dag.store import BlockStore
 
 from .keys import record_matches
+from .records import record_replaces
 from .stats import DhtStats
 
 __all__ = ["RecordStorage"]
@@ -64,7 +65,7 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def accepts(self, key: bytes, value: object) -> bool:
         """Whether ``value`` may be stored under ``key``: it hashes to the key, and there is
         room. Counts refusals in the stats."""
-        if not record_matches(key, value):
+        if not record_matches(key, value) and not self._newer_record(key, value):
             self._stats.stores_refused += 1
             return False
         if not self._has_room(key):
@@ -72,6 +73,12 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
             return False
         self._approx_count += 1
         return True
+
+    def _newer_record(self, key: bytes, value: object) -> bool:
+        """A heads record (:mod:`dht.records`) newer than the one held under ``key``
+        (one queued for the next commit counts as held)."""
+        held = next((v for k, v in reversed(self._queued) if k == key), None)
+        return record_replaces(key, value, held if held is not None else self.get(key))
 
     def offer_many(self, items: Iterable[tuple[bytes, object]]) -> list[bool]:
         """Verify and write ``items`` now, in one commit; flags say which were accepted."""

@@ -92,7 +92,7 @@ class VersionAdoption(CoreParts):
         tree = None if first is None else self._trees.get(first)
         meta_tree = None if topic.meta is None else self._trees.get(topic.meta)
         if tree is not None:
-            out += self._arm_record(tree, 0.0)  # the record names the new version
+            out += self._arm_record(tree, 0.0, now)  # the record names the new version
         if meta_tree is None:
             out.append(ev.TopicReady(job.request, topic))
             return out

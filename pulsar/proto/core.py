@@ -243,7 +243,7 @@ class PulsarCore(Publishing, VersionAdoption):
             if tree.topic.is_meta:
                 extra += self._announced(item.event, now)
             elif tree.topic.author == self.me:
-                extra += self._arm_record(tree, self.config.author_record_interval)
+                extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
         return out
 
@@ -499,7 +499,7 @@ class PulsarCore(Publishing, VersionAdoption):
                 return [ev.CommandFailed(request, "no event came back for the request to publish")]
             case RecordTimer():
                 tree = self._trees.get(timer.topic)
-                return [] if tree is None else self._write_record(tree, now)
+                return [] if tree is None else self._write_record(tree, timer, now)
             case Greet():
                 return []  # a floodsub timer: never set by this core
             case _:

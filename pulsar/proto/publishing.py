@@ -263,17 +263,23 @@ class Publishing(CoreParts):
             self.metrics["forwarded"] += 1
         out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
         if not tree.topic.is_meta:
-            out += self._arm_record(tree, self.config.record_delay)
+            out += self._arm_record(tree, self.config.record_delay, now)
         return out
 
-    def _arm_record(self, tree: Tree, delay: float) -> Out:
-        if tree.record_armed:
+    def _arm_record(self, tree: Tree, delay: float, now: float) -> Out:
+        """Write the heads record ``delay`` from ``now``, unless one is due sooner: a
+        publish gathers what follows it for ``record_delay``, and a new version is
+        written at once even if a slower write was already armed."""
+        due = now + delay
+        if tree.record_due is not None and tree.record_due <= due:
             return []
-        tree.record_armed = True
-        return [ev.SetTimer(delay, RecordTimer(tree.topic.cid))]
+        tree.record_due = due
+        return [ev.SetTimer(delay, RecordTimer(tree.topic.cid, due))]
 
-    def _write_record(self, tree: Tree, now: float) -> Out:
-        tree.record_armed = False
+    def _write_record(self, tree: Tree, timer: RecordTimer, now: float) -> Out:
+        if timer.due != tree.record_due:
+            return []  # overtaken: an earlier timer wrote the record already
+        tree.record_due = None
         latest = self.versions.latest(tree.topic.cid)
         if latest is None:
             return []

@@ -66,9 +66,11 @@ class RequestTimeout:
 
 @dataclass(frozen=True, slots=True)
 class RecordTimer:
-    """Write this node's heads record of ``topic`` to the DHT (debounced after publishes)."""
+    """Write this node's heads record of ``topic`` to the DHT (debounced after publishes).
+    ``due`` tells a timer that was overtaken by an earlier one from the current one."""
 
     topic: CID
+    due: float
 
 
 # --------------------------------------------------------------------------- backfill

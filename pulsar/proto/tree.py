@@ -77,7 +77,8 @@ class Tree:
     """Topic versions named by records, still being fetched."""
     records_done: bool = False
     waiting: list[ev.Publish | tuple[PeerId, RequestToPublish]] = field(default_factory=list)
-    record_armed: bool = False
+    record_due: float | None = None
+    """When the armed heads-record timer fires (None: none armed)."""
     record_seq: int = 0
     publishers: OrderedDict[PeerId, None] = field(default_factory=OrderedDict)
     """Publishers seen lately (named in our heads record, for discovery)."""

@@ -11,7 +11,6 @@ import pytest
 
 from dag import CID, EventDescriptor, EventLinking
 from pulsar import Node, NodeConfig, PublishError
-from pulsar.proto.core import CoreConfig
 from pulsar.runtime.subscription import Subscription
 
 from .conftest import FAST_DHT, Network, eventually
@@ -145,8 +144,7 @@ async def test_a_node_whose_seeds_are_not_up_yet_joins_them_later(network: Netwo
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     early = await Node.start(NodeConfig(data_dir=network.root / "early",
-                                        bootstrap=(("127.0.0.1", port),), dht=FAST_DHT,
-                                        core=CoreConfig(min_acks=1)))
+                                        bootstrap=(("127.0.0.1", port),), dht=FAST_DHT))
     network.nodes.append(early)
     assert not any(True for _ in early.dht.server.protocol.router.contacts())
     seed = await Node.start(NodeConfig(data_dir=network.root / "seed", port=port, dht=FAST_DHT))

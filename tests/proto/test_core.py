@@ -120,7 +120,7 @@ def test_publish_stores_in_the_dht_before_forwarding() -> None:
     out = core.handle(ev.DhtStored(stored.cid, 3), 1.1)
     kinds = [type(o) for o in out]
     assert kinds == [ev.Published, ev.Deliver, ev.Send, ev.SetTimer]
-    assert out[3] == ev.SetTimer(0.5, RecordTimer(topic.cid))  # the heads record follows
+    assert out[3] == ev.SetTimer(0.5, RecordTimer(topic.cid, 1.6))  # the heads record follows
     send = out[2]
     assert send.peer == child and send.message == Event(topic.cid, stored.block, 1)
 

@@ -155,16 +155,25 @@ def test_publishing_writes_a_heads_record_with_the_latest_version() -> None:
     blocks: dict[CID, bytes] = {}
     core = _author(meta, topic, blocks)
     out = _publish(core, topic.cid, b"a", 1, 11.0, blocks=blocks)
-    assert ev.SetTimer(0.5, RecordTimer(topic.cid)) in out
+    timer = RecordTimer(topic.cid, 11.51)
+    assert ev.SetTimer(0.5, timer) in out
     (published,) = [o.event for o in out if isinstance(o, ev.Published)]
-    (stored,) = core.handle(ev.TimerFired(RecordTimer(topic.cid)), 11.5)
+    (stored,) = core.handle(ev.TimerFired(timer), 11.51)
     assert isinstance(stored, ev.StoreRecord)
     record = stored.record
     assert (record.topic, record.publisher, record.version) == (topic.cid, AUTHOR.peer_id,
                                                                topic.cid)
     assert record.heads == (published.cid,) and record.seq >= 11_500
-    (again,) = core.handle(ev.TimerFired(RecordTimer(topic.cid)), 11.5)
-    assert again.record.seq > record.seq  # newest wins, even within one millisecond
+    assert core.handle(ev.TimerFired(timer), 11.52) == []  # written: that timer is spent
+    # A new version is written at once, overtaking a slower write already armed.
+    _publish(core, topic.cid, b"b", 2, 11.6, blocks=blocks)
+    out = core.handle(ev.UpdateTopic(3, topic.cid), 11.62)
+    out = core.handle(ev.DhtStored(out[0].cid, 2), 11.63)
+    (now,) = [o for o in out if isinstance(o, ev.SetTimer) and isinstance(o.timer, RecordTimer)]
+    assert now.delay == 0.0
+    (again,) = core.handle(ev.TimerFired(now.timer), 11.63)
+    assert again.record.seq > record.seq and again.record.version != topic.cid
+    assert core.handle(ev.TimerFired(RecordTimer(topic.cid, 12.11)), 12.11) == []
 
 
 def test_a_replay_subscription_finds_the_heads_in_the_dht_with_nobody_online() -> None:
