@@ -52,6 +52,9 @@ __all__ = ["EventNotFound", "LogEntry", "Node", "PublishError", "TopicNotFound"]
 
 log = logging.getLogger("pulsar.node")
 
+STOP_FLUSH_TIMEOUT = 3.0
+"""How long ``stop()`` waits for the heads records it writes on the way out."""
+
 
 class PublishError(RuntimeError):
     """A publish the topic's rules refused, or that could not reach a publisher."""
@@ -109,6 +112,7 @@ class Node:
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._subscriptions: dict[CID, list[Subscription]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._record_writes: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
         self._pending_blocks: dict[CID, bytes] = {}
         self._pending_log: dict[CID, list[CID]] = {}
@@ -186,6 +190,11 @@ class Node:
         Trees are not left (a stop is not an unsubscribe): on restart the node rejoins."""
         if self._stopped:
             return
+        # Heads records armed after the last publishes are written now, not lost with the
+        # timers: a stopped publisher's record names its last events.
+        self._apply(self.core.handle(ev.Flush(), time.time()))
+        if self._record_writes:
+            await asyncio.wait(self._record_writes, timeout=STOP_FLUSH_TIMEOUT)
         self._stopped = True
         for handle in self._timers:
             handle.cancel()
@@ -648,7 +657,9 @@ class Node:
                 case ev.Fetch():
                     self._spawn(self._fetch(out.cid))
                 case ev.StoreRecord():
-                    self._spawn(self._store_record(out.record))
+                    task = self._spawn(self._store_record(out.record))
+                    self._record_writes.add(task)
+                    task.add_done_callback(self._record_writes.discard)
                 case ev.FetchRecords():
                     self._spawn(self._fetch_records(out.topic, out.publishers))
                 case ev.VersionAdopted():
@@ -762,10 +773,11 @@ class Node:
         handle = self._loop.call_later(delay, fire)
         self._timers.add(handle)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _store_in_dht(self, cid: CID, block: bytes) -> None:
         acks = 0

@@ -163,6 +163,8 @@ class PulsarCore(Publishing, VersionAdoption):
                 out = self._on_create(event, now)
             case ev.UpdateTopic():
                 out = self._on_update(event, now)
+            case ev.Flush():
+                out = self._flush_records(now)
             case _:
                 assert_never(event)
         return self._after(out, now)

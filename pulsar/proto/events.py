@@ -36,6 +36,7 @@ __all__ = [
     "DhtStored",
     "Fetch",
     "FetchRecords",
+    "Flush",
     "GapReported",
     "InEvent",
     "Message",
@@ -202,6 +203,12 @@ class UpdateTopic:
     changes: TopicChanges = field(default_factory=TopicChanges)
 
 
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """The node is stopping: carry out now what was deferred (the heads records armed to
+    be written after the last publishes), so a clean stop leaves the DHT up to date."""
+
+
 InEvent = (
     Received
     | PeerDown
@@ -215,6 +222,7 @@ InEvent = (
     | Publish
     | CreateTopic
     | UpdateTopic
+    | Flush
 )
 
 

@@ -125,8 +125,8 @@ class FloodCore:
                 return self._on_fetched(event, now)
             case ev.DhtStored():
                 return self._on_stored(event, now)
-            case ev.RecordsFetched():
-                return []  # never asked: floodsub keeps no heads records
+            case ev.RecordsFetched() | ev.Flush():
+                return []  # floodsub keeps no heads records
             case ev.Subscribe():
                 return self._on_subscribe(event, now)
             case ev.Unsubscribe():

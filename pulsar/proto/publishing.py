@@ -276,6 +276,14 @@ class Publishing(CoreParts):
         tree.record_due = due
         return [ev.SetTimer(delay, RecordTimer(tree.topic.cid, due))]
 
+    def _flush_records(self, now: float) -> Out:
+        """Write every heads record armed but not written yet (the node is stopping)."""
+        out: Out = []
+        for tree in self._trees.values():
+            if tree.record_due is not None:
+                out += self._write_record(tree, RecordTimer(tree.topic.cid, tree.record_due), now)
+        return out
+
     def _write_record(self, tree: Tree, timer: RecordTimer, now: float) -> Out:
         if timer.due != tree.record_due:
             return []  # overtaken: an earlier timer wrote the record already

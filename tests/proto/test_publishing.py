@@ -204,3 +204,14 @@ def test_a_recent_event_taken_in_by_repair_goes_down_the_tree() -> None:
     out = relay.handle(ev.Received(AUTHOR.peer_id, Blocks(topic.cid, e1.cid, (e1.block,))), 100.5)
     pushed = [o for o in _of(ev.Send, out) if isinstance(o.message, Event)]
     assert [(o.peer, o.message.block) for o in pushed] == [(CHILD.peer_id, e1.block)]
+
+
+def test_a_stopping_node_writes_the_heads_record_it_had_armed() -> None:
+    meta, topic = _topic()
+    blocks: dict[CID, bytes] = {}
+    core = _author(meta, topic, blocks)
+    (published,) = [o.event for o in _publish(core, topic.cid, b"last", 1, 11.0, blocks=blocks)
+                    if isinstance(o, ev.Published)]
+    (stored,) = core.handle(ev.Flush(), 11.1)  # before the 0.5 s timer
+    assert isinstance(stored, ev.StoreRecord) and stored.record.heads == (published.cid,)
+    assert core.handle(ev.Flush(), 11.2) == []  # nothing left armed
