@@ -308,17 +308,23 @@ class FloodCore:
             # Floodsub has no request-to-publish: only allowed publishers can publish.
             return [ev.CommandFailed(cmd.request, "not allowed to publish on this topic")]
         parent = t.last_seen if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
-        event = EventDescriptor.create(self.identity, topic.cid, cmd.payload, parent=parent,
+        event, out = self._emit(t, topic, cmd.payload, parent, now)
+        out.append(ev.Published(cmd.request, event))
+        return out
+
+    def _emit(self, t: _Topic, version: TopicDescriptor, payload: bytes | CID,
+              parent: CID | None, now: float) -> tuple[EventDescriptor, Out]:
+        """Sign an event of ours, deliver it here and flood it."""
+        event = EventDescriptor.create(self.identity, version.cid, payload, parent=parent,
                                        now=now)
         self._remember(event.cid)
         t.last_seen = event.cid
         self.metrics["published"] += 1
         out: Out = [ev.StoreLocal(event.cid, event.block)]
         if t.deliver:
-            out.append(ev.Deliver(cmd.topic, event, 0))
-        out += self._flood(cmd.topic, event.block, 1, exclude=None)
-        out.append(ev.Published(cmd.request, event))
-        return out
+            out.append(ev.Deliver(t.topic.cid, event, 0))
+        out += self._flood(t.topic.cid, event.block, 1, exclude=None)
+        return event, out
 
     # ------------------------------------------------------------------ topics
 
@@ -362,9 +368,11 @@ class FloodCore:
         self._versions[topic.cid] = topic
         self._adopt(topic)
         out = [ev.StoreLocal(topic.cid, topic.block)]
-        if topic.meta is not None and topic.meta in self._topics:
-            out += self._on_publish(ev.Publish(topic.meta, topic.cid.raw, None, -1), now)
-            out = [o for o in out if not (isinstance(o, ev.Published) and o.request == -1)]
+        meta_topic = None if topic.meta is None else self._topics.get(topic.meta)
+        if meta_topic is not None:  # announce it, as Pulsarcast does
+            announce = self._emit(meta_topic, meta_topic.latest, topic.cid.raw,
+                                  meta_topic.last_seen, now)
+            out += announce[1]
         return [*out, ev.TopicReady(request, topic)]
 
     def _adopt(self, version: TopicDescriptor) -> None:
