@@ -22,6 +22,8 @@ from typing import Final
 import umsgpack
 
 from dag.cid import CID, DAG_CBOR, RAW, SHA2_256, cid_of, cid_of_raw
+from dag.errors import InvalidDescriptor
+from dag.records import MAX_RECORD_SIZE, HeadsRecord
 
 from .errors import BlockTooLarge, UnsupportedCID
 
@@ -33,8 +35,10 @@ __all__ = [
     "check_block_size",
     "check_fetchable",
     "dht_key",
+    "parse_record",
     "record_cid",
     "record_matches",
+    "record_replaces",
 ]
 
 KEY_SIZE: Final = 20
@@ -102,3 +106,29 @@ def check_fetchable(cid: CID) -> None:
     """Raise :class:`UnsupportedCID` unless a block for ``cid`` can be verified (sha2-256)."""
     if cid.hash_code != SHA2_256:
         raise UnsupportedCID(f"{cid} uses multihash 0x{cid.hash_code:x}; only sha2-256 is checked")
+
+
+# --------------------------------------------------------------------------- heads records
+
+
+def parse_record(key: bytes, value: object) -> HeadsRecord | None:
+    """The record ``value`` holds if it is a valid heads record belonging under ``key``."""
+    if type(value) is not bytes or len(value) > MAX_RECORD_SIZE:
+        return None
+    try:
+        record = HeadsRecord.from_block(value)
+    except InvalidDescriptor:
+        return None
+    return record if record.key == key else None
+
+
+def record_replaces(key: bytes, value: object, held: bytes | None) -> bool:
+    """Whether ``value`` may be stored under ``key`` in place of ``held``: a valid record
+    for that key, newer than the one held (if any)."""
+    record = parse_record(key, value)
+    if record is None:
+        return False
+    if held is None:
+        return True
+    current = parse_record(key, held)
+    return current is None or record.seq > current.seq

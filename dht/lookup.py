@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from kademlia.crawling import NodeSpiderCrawl
@@ -126,6 +127,72 @@ def _merge(key: bytes, first: list[Node], second: list[Node], k: int) -> list[No
     return sorted(unique.values(), key=lambda n: n.long_id ^ target)[:k]
 
 
+class ValueLookup:
+    """A FIND_VALUE walk toward ``key``, as Kademlia runs it: the ``ksize`` closest live
+    nodes are asked, ``alpha`` at a time, learning closer nodes from the answers without
+    the value; :meth:`values` yields each answer that carries one. What a value is worth
+    is the caller's to judge (a block must hash to its CID, a heads record must verify and
+    be the newest); :meth:`distrust` keeps a liar from being asked again."""
+
+    def __init__(self, protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int) -> None:
+        self._protocol = protocol
+        self._key = key
+        self._ksize = ksize
+        self._alpha = alpha
+        self._target = int.from_bytes(key, "big")
+        self._known: dict[bytes, Node] = {n.id: n for n in protocol.closest_nodes(key, ksize)}
+        self._asked: set[bytes] = set()
+        self._dead: set[bytes] = set()
+        self.answered = 0
+        self.nearest_without: Node | None = None
+        """The closest node that answered without the value (where to cache it)."""
+
+    def distrust(self, node: Node) -> None:
+        self._dead.add(node.id)
+
+    def _candidates(self) -> list[Node]:
+        live = sorted((n for i, n in self._known.items() if i not in self._dead),
+                      key=lambda n: n.long_id ^ self._target)[: self._ksize]
+        return [n for n in live if n.id not in self._asked]
+
+    async def values(self) -> AsyncGenerator[tuple[Node, object], None]:
+        """``(node, value)`` for each answer carrying a value, until every one of the
+        ``ksize`` closest live nodes has been asked. Use with ``contextlib.aclosing`` so
+        queries still in flight are cancelled when the caller stops early."""
+        me = self._protocol.source_node.id
+        keynode = Node(self._key)
+        in_flight: dict[asyncio.Future[Any], Node] = {}
+        try:
+            while True:
+                for node in self._candidates()[: max(0, self._alpha - len(in_flight))]:
+                    self._asked.add(node.id)
+                    query = self._protocol.call_find_value(node, keynode)
+                    in_flight[asyncio.ensure_future(query)] = node
+                if not in_flight:
+                    return
+                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    node = in_flight.pop(future)
+                    ok, data = future.result()
+                    if not ok:
+                        self._dead.add(node.id)
+                        continue
+                    self.answered += 1
+                    if isinstance(data, dict):
+                        yield node, data["value"]
+                        continue
+                    nearest = self.nearest_without
+                    target = self._target
+                    if nearest is None or node.long_id ^ target < nearest.long_id ^ target:
+                        self.nearest_without = node
+                    for node_id, host, port in data:
+                        if node_id != me and node_id not in self._known:
+                            self._known[node_id] = Node(node_id, host, port)
+        finally:
+            for future in in_flight:
+                future.cancel()
+
+
 async def find_value(protocol: PulsarProtocol, cid: CID, key: bytes, *, ksize: int,
                      alpha: int, stats: DhtStats,
                      on_found: Callable[[Node, bytes], object] | None = None) -> bytes:
@@ -135,55 +202,17 @@ async def find_value(protocol: PulsarProtocol, cid: CID, key: bytes, *, ksize: i
     ``on_found(node, block)`` is told the closest peer that answered without the value, so
     the caller can cache the verified block there (Kademlia section 2.3).
     """
-    me = protocol.source_node.id
-    target = int.from_bytes(key, "big")
-    known: dict[bytes, Node] = {n.id: n for n in protocol.closest_nodes(key, ksize)}
-    asked: set[bytes] = set()
-    dead: set[bytes] = set()
-    in_flight: dict[asyncio.Future[Any], Node] = {}
-    nearest_without: Node | None = None
-    answered = bad = 0
-    keynode = Node(key)
-
-    def next_candidates() -> list[Node]:
-        live = sorted((n for i, n in known.items() if i not in dead),
-                      key=lambda n: n.long_id ^ target)[:ksize]
-        return [n for n in live if n.id not in asked]
-
-    try:
-        while True:
-            for node in next_candidates()[: max(0, alpha - len(in_flight))]:
-                asked.add(node.id)
-                in_flight[asyncio.ensure_future(protocol.call_find_value(node, keynode))] = node
-            if not in_flight:
-                raise BlockNotFound(cid, queried=answered, bad_values=bad)
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                node = in_flight.pop(future)
-                ok, data = future.result()
-                if not ok:
-                    dead.add(node.id)
-                    continue
-                answered += 1
-                if isinstance(data, dict):
-                    value = data["value"]
-                    if cid.verifies(value):
-                        if on_found is not None and nearest_without is not None:
-                            on_found(nearest_without, value)
-                        return value  # type: ignore[no-any-return]
-                    bad += 1
-                    stats.bad_values_fetched += 1
-                    dead.add(node.id)  # never ask a liar again in this lookup
-                    log.warning("peer %s returned a value for %s that does not match it; "
-                                "ignored", node, cid)
-                    continue
-                if nearest_without is None or (
-                    node.long_id ^ target < nearest_without.long_id ^ target
-                ):
-                    nearest_without = node
-                for node_id, host, port in data:
-                    if node_id != me and node_id not in known:
-                        known[node_id] = Node(node_id, host, port)
-    finally:
-        for future in in_flight:
-            future.cancel()
+    walk = ValueLookup(protocol, key, ksize=ksize, alpha=alpha)
+    bad = 0
+    async with aclosing(walk.values()) as answers:
+        async for node, value in answers:
+            if isinstance(value, bytes) and cid.verifies(value):
+                if on_found is not None and walk.nearest_without is not None:
+                    on_found(walk.nearest_without, value)
+                return value
+            bad += 1
+            stats.bad_values_fetched += 1
+            walk.distrust(node)  # never ask a liar again in this lookup
+            log.warning("peer %s returned a value for %s that does not match it; ignored",
+                        node, cid)
+    raise BlockNotFound(cid, queried=walk.answered, bad_values=bad)

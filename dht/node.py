@@ -31,11 +31,11 @@ from dag.store import BlockStore
 
 from .config import DhtConfig
 from .errors import BlockNotFound, DhtError, NotStarted
-from .keys import check_block_size, check_fetchable, dht_key
+from .keys import check_block_size, check_fetchable, dht_key, parse_record
 from .lookup import NeighbourhoodCache, find_value
 from .maintenance import Maintainer, MaintenanceReport
 from .peers import Contact, HasKademliaId, PeerBook, kademlia_key
-from .records import find_record, parse_record
+from .records import find_record
 from .replication import PutResult, Replicator
 from .server import PulsarServer
 from .stats import DhtStats

@@ -29,8 +29,7 @@ from kademlia.storage import IStorage
 
 from dag.store import BlockStore
 
-from .keys import record_matches
-from .records import record_replaces
+from .keys import record_matches, record_replaces
 from .stats import DhtStats
 
 __all__ = ["RecordStorage"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dag import Identity, TopicDescriptor
 from dag.records import HeadsRecord
-from dht.records import record_replaces
+from dht.keys import record_replaces
 
 from .conftest import Network
 

@@ -8,14 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from dag import EventDescriptor
 from dht import DhtConfig
 from pulsar import Node, NodeConfig
 from pulsar.net.config import TransportConfig
 from pulsar.net.faults import FaultInjector
 from pulsar.proto.core import CoreConfig
+from pulsar.runtime.subscription import Subscription
 from tests.waiting import eventually
 
-__all__ = ["Network", "eventually"]
+__all__ = ["Network", "collect", "eventually"]
 
 FAST_TRANSPORT = TransportConfig(
     idle_ping=0.3,
@@ -27,6 +29,15 @@ FAST_TRANSPORT = TransportConfig(
 )
 FAST_DHT = DhtConfig(rpc_timeout=1.0)  # loopback answers in well under a millisecond
 FAST_CORE = CoreConfig(parent_retries=2, parent_retry_delay=0.1, root_check_interval=0.5)
+
+
+async def collect(sub: Subscription, count: int, timeout: float = 20.0) -> list[EventDescriptor]:
+    """The next ``count`` events of ``sub``, failing after ``timeout`` seconds."""
+    events = []
+    async with asyncio.timeout(timeout):
+        while len(events) < count:
+            events.append(await sub.get())
+    return events
 
 
 class Network:

@@ -7,8 +7,7 @@ import asyncio
 from dag import CID, EventDescriptor
 from pulsar import Node
 
-from .conftest import Network, eventually
-from .test_node import _collect
+from .conftest import Network, collect, eventually
 
 PER_PUBLISHER = 30
 
@@ -51,7 +50,7 @@ async def test_two_concurrent_last_seen_publishers_every_subscriber_converges(
     tips = _tips(published)
     assert len(tips) > 1, "no fork: the publishers did not race"
 
-    received = await asyncio.gather(*(_collect(s, 2 * PER_PUBLISHER) for s in [*subs, other_sub]))
+    received = await asyncio.gather(*(collect(s, 2 * PER_PUBLISHER) for s in [*subs, other_sub]))
     for events in received:
         cids = [e.cid for e in events]
         assert len(set(cids)) == len(cids)  # nothing twice

@@ -9,17 +9,8 @@ import pytest
 
 from dag import EventDescriptor, EventLinking, PeerId
 from pulsar import Node, PublishError
-from pulsar.runtime.subscription import Subscription
 
-from .conftest import Network, eventually
-
-
-async def _collect(sub: Subscription, count: int, timeout: float = 20.0) -> list[EventDescriptor]:
-    events = []
-    async with asyncio.timeout(timeout):
-        while len(events) < count:
-            events.append(await sub.get())
-    return events
+from .conftest import Network, collect, eventually
 
 
 async def test_forty_nodes_every_subscriber_gets_every_event_once_in_order(
@@ -33,7 +24,7 @@ async def test_forty_nodes_every_subscriber_gets_every_event_once_in_order(
     for i in range(300):
         published.append(await author.publish(topic.cid, b"event %d" % i))
     expected = [e.cid for e in published]
-    received = await asyncio.gather(*(_collect(s, 300) for s in subs))
+    received = await asyncio.gather(*(collect(s, 300) for s in subs))
     for events in received:
         assert [e.cid for e in events] == expected
     for sub in subs:
@@ -63,7 +54,7 @@ async def test_publishing_rules(network: Network) -> None:
     via = await requester.publish(topic.cid, b"please publish this")
     assert via.author == requester.peer_id and via.publisher != requester.peer_id
     assert topic.may_publish(via.publisher)
-    events = await _collect(sub, 2)
+    events = await collect(sub, 2)
     assert {e.payload for e in events} == {b"from the whitelist", b"please publish this"}
 
 
@@ -75,7 +66,7 @@ async def test_custom_linking_and_large_payloads(network: Network) -> None:
     big = bytes(range(256)) * 100  # 25.6 KB: a chunk tree
     second = await b.publish(topic.cid, big, parent=first.cid)
     assert second.parent == first.cid and not second.is_inline
-    events = await _collect(sub, 2)
+    events = await collect(sub, 2)
     assert [e.cid for e in events] == [first.cid, second.cid]
     assert await c.payload_of(events[1]) == big
 
@@ -104,7 +95,7 @@ async def test_unsubscribe_and_a_crashed_interior_node(network: Network) -> None
     interior = max(nodes[1:], key=lambda n: len(n.tree(topic.cid).children))  # type: ignore[union-attr]
     await author.publish(topic.cid, b"before")
     for sub in subs.values():
-        assert [e.payload for e in await _collect(sub, 1)] == [b"before"]
+        assert [e.payload for e in await collect(sub, 1)] == [b"before"]
     leaver = next(n for n in nodes[1:] if n is not interior)
     await leaver.unsubscribe(topic.cid)
     await interior.stop()  # a crash as far as its neighbours can tell
@@ -117,7 +108,7 @@ async def test_unsubscribe_and_a_crashed_interior_node(network: Network) -> None
     )
     await author.publish(topic.cid, b"after")
     for node in live:
-        assert [e.payload for e in await _collect(subs[node.peer_id], 1)] == [b"after"]
+        assert [e.payload for e in await collect(subs[node.peer_id], 1)] == [b"after"]
     assert subs[leaver.peer_id].closed
 
 
@@ -138,7 +129,7 @@ async def test_author_offline_other_publishers_and_new_subscribers(network: Netw
     )
     await publisher.publish(topic.cid, b"no author needed")
     for sub in [*early.values(), *late.values()]:
-        assert [e.payload for e in await _collect(sub, 1)] == [b"no author needed"]
+        assert [e.payload for e in await collect(sub, 1)] == [b"no author needed"]
 
 
 async def test_bad_frames_and_forged_events_are_rejected(
@@ -161,7 +152,7 @@ async def test_bad_frames_and_forged_events_are_rejected(
     assert any("malformed" in r.message for r in caplog.records)
     assert any("may not publish" in r.message for r in caplog.records)
     genuine = await author.publish(topic.cid, b"genuine")
-    assert (await _collect(sub, 1))[0].cid == genuine.cid
+    assert (await collect(sub, 1))[0].cid == genuine.cid
     assert isinstance(reader.peer_id, PeerId) and isinstance(reader, Node)
 
 
@@ -173,13 +164,13 @@ async def test_restarted_subscriber_catches_up_once_and_history_replays(
     topic = await author.create_topic("durable")
     sub = await reader.subscribe(topic.cid)
     first = [await author.publish(topic.cid, b"a%d" % i) for i in range(20)]
-    assert [e.cid for e in await _collect(sub, 20)] == [e.cid for e in first]
+    assert [e.cid for e in await collect(sub, 20)] == [e.cid for e in first]
     await reader.stop()
     missed = [await author.publish(topic.cid, b"b%d" % i) for i in range(20)]
     reader = await network.restart(reader)
     sub = await reader.subscribe(topic.cid)
     after = [await author.publish(topic.cid, b"c%d" % i) for i in range(20)]
-    got = await _collect(sub, 40, timeout=30)
+    got = await collect(sub, 40, timeout=30)
     assert [e.cid for e in got] == [e.cid for e in missed + after]
     assert sub.pending() == 0
     replay = [e.cid async for e in reader.history(topic.cid)]
@@ -198,10 +189,10 @@ async def test_late_subscriber_replays_everything_with_the_publisher_offline(
     await relay.subscribe(topic.cid)
     published = [await author.publish(topic.cid, b"old %d" % i) for i in range(30)]
     relay_sub = relay._subscriptions[topic.cid][0]
-    await _collect(relay_sub, 30)
+    await collect(relay_sub, 30)
     await author.stop()
     sub = await late.subscribe(topic.cid, replay=True)
-    got = await _collect(sub, 30, timeout=30)
+    got = await collect(sub, 30, timeout=30)
     assert [e.cid for e in got] == [e.cid for e in published]
 
 
@@ -224,7 +215,7 @@ async def test_loss_and_crashes_on_loopback_every_live_subscriber_gets_everythin
             await asyncio.gather(*(n.stop() for n in doomed))
     expected = [e.cid for e in published]
     live = [n for n in nodes[1:] if n not in doomed]
-    received = await asyncio.gather(*(_collect(subs[n.peer_id], 90, timeout=90) for n in live))
+    received = await asyncio.gather(*(collect(subs[n.peer_id], 90, timeout=90) for n in live))
     for events in received:
         assert [e.cid for e in events] == expected
     drops = sum(n.config.faults.stats.dropped_random for n in nodes if n.config.faults)

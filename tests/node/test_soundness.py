@@ -4,24 +4,14 @@ soundness review found; each failed on the code before the typed core."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
 import pytest
 
-from dag import CID, EventDescriptor, EventLinking
+from dag import CID, EventLinking
 from pulsar import Node, NodeConfig, PublishError
-from pulsar.runtime.subscription import Subscription
 
-from .conftest import FAST_DHT, Network, eventually
-
-
-async def _collect(sub: Subscription, count: int, timeout: float = 20.0) -> list[EventDescriptor]:
-    events = []
-    async with asyncio.timeout(timeout):
-        while len(events) < count:
-            events.append(await sub.get())
-    return events
+from .conftest import FAST_DHT, Network, collect, eventually
 
 
 async def _start_again(network: Network, index: int) -> Node:
@@ -40,7 +30,7 @@ async def test_a_revoked_publisher_restarted_with_the_old_version_cannot_publish
     topic = await author.create_topic("revocation", allowed_publishers=[bob.peer_id])
     sub = await reader.subscribe(topic.cid)
     await bob.publish(topic.cid, b"while allowed")
-    await _collect(sub, 1)
+    await collect(sub, 1)
     await bob.stop()  # Bob is away while the author revokes him: he keeps only v1
     v2 = await author.update_topic(topic.cid, allowed_publishers=[])
     await eventually(lambda: reader.core.latest(topic.cid) == v2, timeout=10)
@@ -49,7 +39,7 @@ async def test_a_revoked_publisher_restarted_with_the_old_version_cannot_publish
         await bob.publish(topic.cid, b"after revocation")
     assert bob.core.latest(topic.cid) == v2  # he learned it before publishing
     late = await author.publish(topic.cid, b"from the author")
-    (event,) = await _collect(sub, 1)
+    (event,) = await collect(sub, 1)
     assert event.cid == late.cid and sub.pending() == 0
 
 
@@ -79,7 +69,7 @@ async def test_last_seen_survives_a_restart_and_a_publisher_that_does_not_follow
     # `other` never subscribed: it learns the heads before it links.
     third = await other.publish(topic.cid, b"3")
     assert third.parent == second.cid
-    events = await _collect(sub, 3)
+    events = await collect(sub, 3)
     assert [e.cid for e in events] == [first.cid, second.cid, third.cid]
     assert sum(1 for e in events if e.parent is None) == 1
 
@@ -102,7 +92,7 @@ async def test_a_topic_is_replayed_from_its_cid_with_every_publisher_and_subscri
     topic = await author.create_topic("offline history")
     sub = await subscriber.subscribe(topic.cid)
     published = [await author.publish(topic.cid, b"event %d" % i) for i in range(30)]
-    await _collect(sub, 30)
+    await collect(sub, 30)
     await eventually(lambda: author.metrics["records_written"] > 0, timeout=10)
     await author.stop()
     await subscriber.stop()
@@ -117,7 +107,7 @@ async def test_a_topic_is_replayed_from_its_cid_with_every_publisher_and_subscri
     assert middle == [e.cid for e in published[10:20]]
     # A subscription with replay gets the whole history too, nobody online to ask.
     sub = await fresh.subscribe(topic.cid, replay=True)
-    events = await _collect(sub, 30, timeout=30)
+    events = await collect(sub, 30, timeout=30)
     assert [e.cid for e in events] == [e.cid for e in published]
 
 
