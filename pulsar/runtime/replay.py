@@ -9,8 +9,10 @@ rights rule under the latest version), so a replay never yields what a subscribe
 refuse.
 
 The walk follows parent links from the heads — or from ``until`` when it is an event —
-breadth first with up to :data:`CONCURRENCY` fetches in flight, and stops at ``since`` (an
-event CID: that event and what precedes it; a time: events created before it). The events
+breadth first with up to :data:`CONCURRENCY` fetches in flight (a parent's fetch starts
+as soon as its child's block arrives, before the child is verified), and stops at
+``since`` (an event CID: that event and what precedes it; a time: events created before
+it). The events
 found are then yielded in :func:`dag.history.causal_order`, oldest first; what could not be
 fetched is reported in the log and skipped (its descendants still come, as a subscriber's
 gap report would let them).
@@ -20,13 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Final
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
+from dag.descriptors import parse_timestamp
 from dag.history import causal_order
 from dag.records import HeadsRecord
+from dht import BlockNotFound
 
+from ..proto.backfill import _links_of
 from ..proto.versions import TopicVersions
 
 if TYPE_CHECKING:
@@ -133,48 +139,76 @@ async def _walk(
     heads: list[CID],
     since: CID | float | None,
 ) -> list[EventDescriptor]:
+    """Walk parent links back from ``heads``. A block's parent link is read (without the
+    signature check) as soon as the block arrives, and its fetch starts before the block
+    is verified, so a chain's network round trips overlap with the verification."""
     found: dict[CID, EventDescriptor] = {}
-    visited: set[CID] = set()
-    frontier = [h for h in heads if h != since]
-    semaphore = asyncio.Semaphore(CONCURRENCY)
+    wanted: set[CID] = set()
+    fetching: dict[CID, asyncio.Task[bytes | None]] = {}
+    order: deque[CID] = deque()
+    slots = asyncio.Semaphore(CONCURRENCY)
 
-    async def fetch(cid: CID) -> EventDescriptor | None:
-        async with semaphore:
-            block = await node._get_block(cid)
-        if block is None:
-            log.warning("replay of %s: event %s not found; its ancestors are skipped",
-                        first.cid, cid)
-            return None
-        try:
-            event = EventDescriptor.from_block(block, cid)
-        except InvalidDescriptor as exc:
-            log.warning("replay of %s: %s is not a valid event: %s", first.cid, cid, exc)
-            return None
-        if versions.get(event.topic) is None:
-            await _learn_version(node, versions, event.topic)
-            if versions.get(event.topic) is None:
+    async def block_of(cid: CID) -> bytes | None:
+        async with slots:
+            try:  # the local store first, then the DHT: both verified against the CID
+                return await node.dht.get(cid)
+            except (BlockNotFound, TimeoutError):
                 return None
-        problem = versions.admit(first.cid, event)
-        if problem is not None:
-            log.warning("replay of %s: %s", first.cid, problem)
-            return None
-        return event
 
-    while frontier:
-        batch = [c for c in dict.fromkeys(frontier) if c not in visited]
-        visited.update(batch)
-        frontier = []
-        for event in await asyncio.gather(*(fetch(c) for c in batch)):
+    def want(cid: CID) -> None:
+        if cid != since and cid not in wanted:
+            wanted.add(cid)
+            fetching[cid] = asyncio.ensure_future(block_of(cid))
+            order.append(cid)
+
+    for head in heads:
+        want(head)
+    try:
+        while order:
+            cid = order.popleft()
+            block = await fetching.pop(cid)
+            if block is None:
+                log.warning("replay of %s: event %s not found; its ancestors are skipped",
+                            first.cid, cid)
+                continue
+            links = _links_of(block)
+            if links is None:
+                log.warning("replay of %s: %s is not an event", first.cid, cid)
+                continue
+            parent, created = links
+            if isinstance(since, float | int) and parse_timestamp(created) < float(since):
+                continue  # before the range: neither it nor its ancestors
+            if parent is not None:
+                want(parent)
+            event = await _verified(node, first, versions, cid, block)
             if event is None:
                 continue
-            if isinstance(since, float | int) and event.created_at < float(since):
-                continue
-            found[event.cid] = event
+            found[cid] = event
             if len(found) > MAX_REPLAY_EVENTS:
                 raise ReplayError(
                     f"more than {MAX_REPLAY_EVENTS} events to replay; narrow it with since/until"
                 )
-            parent = event.parent
-            if parent is not None and parent != since and parent not in visited:
-                frontier.append(parent)
+    finally:
+        for task in fetching.values():
+            task.cancel()
     return list(found.values())
+
+
+async def _verified(node: Node, first: TopicDescriptor, versions: TopicVersions, cid: CID,
+                    block: bytes) -> EventDescriptor | None:
+    """The event if the block is a valid event of the topic, judged as a subscriber would
+    (CID, signatures, the rights rule under the latest version), else None (logged)."""
+    try:
+        event = EventDescriptor.from_block(block, cid)
+    except InvalidDescriptor as exc:
+        log.warning("replay of %s: %s is not a valid event: %s", first.cid, cid, exc)
+        return None
+    if versions.get(event.topic) is None:
+        await _learn_version(node, versions, event.topic)
+        if versions.get(event.topic) is None:
+            return None
+    problem = versions.admit(first.cid, event)
+    if problem is not None:
+        log.warning("replay of %s: %s", first.cid, problem)
+        return None
+    return event
