@@ -349,12 +349,27 @@ class Backfill:
         ``deliver=False`` is a relay: events are ordered, backfilled and answered for, but
         not delivered. ``since`` is when the subscription began (seconds since the epoch;
         None: deliver the whole history). ``heads`` and ``delivered`` restore what the
-        durable store knows after a restart. Returns the first heads timer."""
+        durable store knows after a restart. Returns the first heads timer.
+
+        A relay that becomes a subscriber starts over: what it settled while relaying was
+        never delivered, so its heads are walked back again (from the local store, where
+        it kept every block) and delivered from the subscription's ``since``."""
         state = self._topics.get(topic)
         if state is not None:
-            state.deliver = state.deliver or deliver
+            if deliver and not state.deliver:
+                relayed = list(state.heads)
+                self.close(topic)
+                self._new_state(topic, True, since, heads, delivered)
+                return self.learn_heads(topic, relayed, None, now)
             self.mark_delivered(topic, delivered)
             return []
+        self._new_state(topic, deliver, since, heads, delivered)
+        if self._neighbours is None:
+            return []
+        return [ev.SetTimer(self.config.heads_interval, HeadsTick(topic))]
+
+    def _new_state(self, topic: CID, deliver: bool, since: float | None, heads: Iterable[CID],
+                   delivered: Iterable[CID]) -> None:
         horizon = None
         if since is not None:
             horizon = iso_timestamp(max(0.0, since - self.config.horizon_slack))
@@ -363,9 +378,6 @@ class Backfill:
         for head in heads:
             _bounded_put(state.settled, head, None, self.config.settled_limit)
             _bounded_put(state.heads, head, None, self.config.heads_limit)
-        if self._neighbours is None:
-            return []
-        return [ev.SetTimer(self.config.heads_interval, HeadsTick(topic))]
 
     def close(self, topic: CID) -> None:
         """Forget ``topic`` (unsubscribed): held events are dropped, gaps closed."""
@@ -544,7 +556,10 @@ class Backfill:
             return []
         out: Out = []
         for head in heads:
-            if head in state.settled or head in state.held or head in state.frontier:
+            gap = state.frontier.get(head)
+            if gap is not None and gap.peer is None and peer is not None:
+                gap.peer = peer  # a neighbour has it: its next request is a WANT, not the DHT
+            if head in state.settled or head in state.held or gap is not None:
                 continue
             until = state.failed.get(head)
             if until is not None:
@@ -635,6 +650,7 @@ class Backfill:
         out: Out,
         *,
         fetched: bool,
+        local: bool = False,
     ) -> _Gap | None:
         """Take in a verified event that is neither held nor settled. Returns the gap whose
         frontier it moved (its caller decides what to request next), or None."""
@@ -653,7 +669,7 @@ class Backfill:
             if children:
                 self._deliver(state, self._unhold(state, children), out)
             return None
-        if fetched:
+        if fetched and not local:  # new to this node: its children may lack it too
             self._repaired.append((state.cid, event))
         ready = self._ready(state, parent, before)
         if not ready and self._held >= self.config.max_pending:
@@ -762,7 +778,8 @@ class Backfill:
                 event = self._verify(state.cid, block)
                 if event is not None and event.cid == cid:
                     self._counts["found_locally"] += 1
-                    self._add(state, event, REPAIR_HOP, None, now, out, fetched=True)
+                    self._add(state, event, REPAIR_HOP, None, now, out, fetched=True,
+                              local=True)
                     continue
             gap.asked = cid
             gap.asked_peer = gap.peer

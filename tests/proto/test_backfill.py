@@ -448,7 +448,7 @@ def test_gaps_meeting_on_one_chain_merge_and_deliver_in_order() -> None:
 
 def test_relay_orders_and_tracks_heads_without_delivering() -> None:
     chain = _chain(3)
-    store: dict[CID, bytes] = {}
+    store: dict[CID, bytes] = {e.cid: e.block for e in chain}  # a relay keeps the blocks
     core = Backfill(store.get, _verifier())
     core.open(TID, 0.0, deliver=False)
     core.accepted(TID, chain[0], 1, PEER, 0.0)
@@ -456,8 +456,14 @@ def test_relay_orders_and_tracks_heads_without_delivering() -> None:
     out += core.on_blocks(PEER, Blocks(TID, chain[1].cid, (chain[1].block,)), 0.1)
     assert _delivered(out) == [] and core.heads(TID) == [chain[2].cid]
     assert core.metrics["delivered"] == 0
-    assert core.open(TID, 0.2, deliver=True) == []  # the relay subscribes
-    assert core.accepted(TID, _chain(1, parent=chain[2].cid, start=T0 + 9)[0], 1, PEER, 0.3)
+    # The relay subscribes with replay: what it only relayed is now delivered, from its
+    # own store, in order — and the next event after it.
+    found = core.metrics["found_locally"]
+    out = core.open(TID, 0.2, deliver=True, since=None)
+    assert _delivered(out) == chain
+    assert core.metrics["found_locally"] == found + 3
+    nxt = _chain(1, parent=chain[2].cid, start=T0 + 9)[0]
+    assert _delivered(core.accepted(TID, nxt, 1, PEER, 0.3)) == [nxt]
 
 
 # --------------------------------------------------------------------------- answering WANTs

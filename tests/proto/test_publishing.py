@@ -215,3 +215,21 @@ def test_a_stopping_node_writes_the_heads_record_it_had_armed() -> None:
     (stored,) = core.handle(ev.Flush(), 11.1)  # before the 0.5 s timer
     assert isinstance(stored, ev.StoreRecord) and stored.record.heads == (published.cid,)
     assert core.handle(ev.Flush(), 11.2) == []  # nothing left armed
+
+
+def test_a_walk_started_on_the_dht_moves_to_a_neighbour_that_names_the_same_head() -> None:
+    """The heads records may answer before the parent's JOINED: the walk back starts on
+    the DHT (one block per look-up) and goes on by WANT (hundreds per round trip) as soon
+    as a neighbour names the same head."""
+    meta, topic = _topic()
+    first = EventDescriptor.create(AUTHOR, topic.cid, b"1", now=1500.0)
+    head = EventDescriptor.create(AUTHOR, topic.cid, b"2", parent=first.cid, now=1501.0)
+    reader = PulsarCore(BOB, OnePeer(AUTHOR.peer_id), lookup={meta.cid: meta.block}.get)
+    reader.handle(ev.Subscribe(topic, True, 0.0), 3000.0)
+    record = HeadsRecord.create(AUTHOR, topic.cid, 1, topic.cid, (head.cid,), now=1600.0)
+    assert ev.Fetch(head.cid) in reader.handle(ev.RecordsFetched(topic.cid, (record,)), 3000.1)
+    reader.handle(ev.Received(AUTHOR.peer_id, Joined(topic.cid, (head.cid,))), 3000.2)
+    out = reader.handle(ev.BlockFetched(head.cid, head.block), 3000.3)
+    wants = [o for o in _of(ev.Send, out) if isinstance(o.message, Want)]
+    assert [(w.peer, w.message.head) for w in wants] == [(AUTHOR.peer_id, first.cid)]
+    assert ev.Fetch(first.cid) not in out
