@@ -45,6 +45,20 @@ phases, each on a network of its own:
    ``replay_dht_cold_events_per_s``: with the author stopped, a fresh node that never
    followed the topic calls ``subscribe(topic, replay=True)``; events per second from that
    call until the subscription has yielded the whole history.
+   ``replay_from_cid_events_per_s``: then the relay, the subscriber and that fresh node are
+   stopped too — every publisher and subscriber is offline, only ``HOLDERS`` nodes that
+   never subscribed hold the DHT records — and another fresh node calls
+   ``node.replay(topic)`` (heads records, then a walk through the DHT); events per second
+   of that call. ``replay_from_cid_vs_cold`` is its ratio to the cold replay above.
+
+5. **Soundness** (``3 + 6`` nodes): publishers A (the author), B and C publish 10 events
+   each in turn; B is stopped and revoked (a new version without it); B starts again
+   knowing only the old version and tries 10 publishes (``revoked_publishes_refused``),
+   then pushes a back-dated event signed under the old version straight to every reader;
+   A is restarted and publishes 10; C is stopped; A publishes 10 more.
+   ``unauthorised_deliveries``: events a reader delivered that were not allowed (must be
+   0); ``order_violations``: events a reader delivered before their parent (must be 0);
+   ``soundness_missing``: allowed events some reader lacks at the end.
 """
 
 from __future__ import annotations
