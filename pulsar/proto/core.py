@@ -46,7 +46,7 @@ from dag import (
 
 from . import events as ev
 from .adoption import TopicJob, VersionAdoption
-from .backfill import Backfill, BackfillConfig, _links_of
+from .backfill import Backfill, BackfillConfig, event_links
 from .config import LONE_NODE, CoreConfig
 from .events import Out
 from .flood_messages import Subs
@@ -565,7 +565,7 @@ class PulsarCore(Publishing, VersionAdoption):
 
         def key(cid: CID) -> tuple[str, bytes]:
             block = self._lookup(cid)
-            links = None if block is None else _links_of(block)
+            links = None if block is None else event_links(block)
             return ("" if links is None else links[1], cid.raw)
 
         return max(cids, key=key)

@@ -32,7 +32,7 @@ from dag.history import causal_order
 from dag.records import HeadsRecord
 from dht import BlockNotFound
 
-from ..proto.backfill import _links_of
+from ..proto.backfill import event_links
 from ..proto.versions import TopicVersions
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ async def _walk(
                 log.warning("replay of %s: event %s not found; its ancestors are skipped",
                             first.cid, cid)
                 continue
-            links = _links_of(block)
+            links = event_links(block)
             if links is None:
                 log.warning("replay of %s: %s is not an event", first.cid, cid)
                 continue

@@ -1,0 +1,109 @@
+"""Heads anti-entropy and WANT answering.
+
+Each ``heads_interval`` a node sends its heads to its tree and lazy neighbours (only where
+they changed, and to everyone every ``heads_refresh`` ticks); a head it does not know opens
+a gap toward the neighbour that named it — or the DHT, for heads read from heads records.
+This finds branches nobody forwarded. A WANT is answered from the local store with one
+BLOCKS batch, newest first, stopping where the asker said its history resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dag import CID, PeerId
+
+from . import events as ev
+from .backfill_state import (
+    BackfillParts,
+    bounded_put,
+    event_links,
+)
+from .events import Out
+from .repair_messages import MAX_BLOCK, Blocks, Heads, Want
+
+__all__ = ["AntiEntropy"]
+
+
+class AntiEntropy(BackfillParts):
+    """The anti-entropy part of :class:`~pulsar.proto.backfill.Backfill`: HEADS exchange and
+    WANT answering."""
+
+    def on_want(self, peer: PeerId, msg: Want, now: float) -> Out:
+        """Answer a WANT from the local store with one BLOCKS batch, newest first."""
+        limit = min(msg.limit, self.config.answer_limit)
+        budget = self.config.answer_bytes
+        have = set(msg.have)
+        blocks: list[bytes] = []
+        total = 0
+        cursor: CID | None = msg.head
+        while cursor is not None and len(blocks) < limit and cursor not in have:
+            block = self._lookup(cursor)
+            if block is None or len(block) > MAX_BLOCK or total + len(block) > budget:
+                break
+            links = event_links(block)
+            if links is None:
+                break
+            blocks.append(block)
+            total += len(block)
+            cursor, created = links
+            if msg.after is not None and created < msg.after:
+                break  # the asker's horizon: this block tells it where history begins
+        self._counts["wants_answered"] += 1
+        self._counts["blocks_answered"] += len(blocks)
+        return [ev.Send(peer, Blocks(msg.topic, msg.head, tuple(blocks)))]
+
+    def on_heads(self, peer: PeerId, msg: Heads, now: float) -> Out:
+        """A neighbour's heads: backfill each one we do not know, from that neighbour."""
+        return self.learn_heads(msg.topic, msg.heads, peer, now)
+
+    def learn_heads(
+        self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float
+    ) -> Out:
+        """Heads learned from ``peer`` (None: from the DHT's heads records): open a gap
+        for each one we do not know, asking that peer first (or the DHT)."""
+        state = self._topics.get(topic)
+        if state is None:
+            return []
+        out: Out = []
+        for head in heads:
+            gap = state.frontier.get(head)
+            if gap is not None and gap.peer is None and peer is not None:
+                gap.peer = peer  # a neighbour has it: its next request is a WANT, not the DHT
+            if head in state.settled or head in state.held or gap is not None:
+                continue
+            until = state.failed.get(head)
+            if until is not None:
+                if until > now:
+                    continue
+                del state.failed[head]
+            if self._is_delivered(state.cid, head):
+                bounded_put(state.settled, head, None, self.config.settled_limit)
+                continue
+            self._counts["heads_unknown"] += 1
+            self._open_gap(state, head, peer, now, out)
+        return out
+
+    def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:
+        """Send our heads of ``topic`` to each neighbour that has not had this set yet
+        (to all of them every ``heads_refresh`` ticks)."""
+        state = self._topics.get(topic)
+        if state is None:
+            return []
+        heads = self.heads(topic)
+        peers = sorted(set(neighbours), key=bytes)
+        for gone in [p for p in state.sent if p not in peers]:
+            del state.sent[gone]
+        if not heads:
+            return []
+        state.ticks += 1
+        refresh = state.ticks % self.config.heads_refresh == 0
+        current = frozenset(heads)
+        message = Heads(topic, tuple(heads))
+        out: Out = []
+        for peer in peers:
+            if refresh or state.sent.get(peer) != current:
+                state.sent[peer] = current
+                out.append(ev.Send(peer, message))
+                self._counts["heads_sent"] += 1
+        return out

@@ -1,0 +1,261 @@
+"""The state and settings shared by the parts of the backfill layer.
+
+:class:`~pulsar.proto.backfill.Backfill` is one machine split by job: causal order
+(:mod:`pulsar.proto.causal`), gap fetching (:mod:`pulsar.proto.gaps`) and heads
+anti-entropy with WANT answering (:mod:`pulsar.proto.anti_entropy`). This module holds
+what they share — the configuration, the per-topic and per-gap state, and
+:class:`BackfillParts`, the base naming the state and the calls one part makes in another.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dag import CID, EventDescriptor, PeerId
+from dag.codec import decode_fast
+from dag.errors import CodecError
+
+from .events import Out
+from .repair_messages import (
+    MAX_ANSWER_BYTES,
+    MAX_BLOCK,
+    MAX_BLOCKS,
+    MAX_HAVE,
+    MAX_WANT_LIMIT,
+)
+
+__all__ = [
+    "REPAIR_HOP",
+    "BackfillConfig",
+    "BackfillParts",
+    "Gap",
+    "Held",
+    "IsDelivered",
+    "Lookup",
+    "Neighbours",
+    "TopicState",
+    "Verify",
+    "bounded_put",
+    "event_links",
+]
+
+REPAIR_HOP: Final = 0
+"""The ``hop`` of a ``Deliver`` for an event that came by backfill, not down the tree.
+Tree hops start at 1, so 0 never hides a real hop count (the LDH figures stay honest)."""
+
+Lookup = Callable[[CID], bytes | None]
+"""A block from the local store (blocks not yet flushed included), or None."""
+Verify = Callable[[CID, bytes], EventDescriptor | None]
+"""``verify(tree topic, block)``: the event if the block is a valid event of that tree
+(CID, canonical schema, signatures, topic lineage, publishing rights), else None. None
+means *invalid for good*: the gap it was meant to fill is dropped at once."""
+IsDelivered = Callable[[CID, CID], bool]
+"""``is_delivered(tree topic, event cid)``: the durable delivery log, asked only for CIDs
+that fell out of memory (parents at a gap's start, heads from neighbours)."""
+Neighbours = Callable[[CID], Iterable[PeerId]]
+"""The peers to exchange heads with for a topic (tree edges and lazy links)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillConfig:
+    want_limit: int = 512
+    """Blocks asked for per WANT: one round trip closes a gap of this length."""
+    want_timeout: float = 2.0
+    """How long a WANT may go unanswered before the DHT is asked instead."""
+    gap_timeout: float = 5.0
+    """The longest a gap holds delivery back before it is reported and skipped."""
+    heads_interval: float = 2.0
+    heads_refresh: int = 5
+    """Heads are sent when they changed, and to every neighbour every this many ticks (a
+    lost HEADS or a neighbour that forgot is caught up within ``interval * refresh``)."""
+    have_count: int = 8
+    """How many of our newest heads a WANT carries, so the answer stops where we resume."""
+    max_pending: int = 20_000
+    """Events held (all topics). A gap longer than this is delivered in segments: the
+    oldest gap is released early. 20,000 lets a 10,000-event gap plus the live events that
+    arrive meanwhile be delivered in order; at ~1 KiB an event that is ~20 MiB."""
+    max_gaps: int = 1024
+    max_topic_gaps: int = 64
+    """Gaps open at once in one topic: a publisher that names missing parents (CUSTOM
+    links to nothing) costs its topic at most this many fetches in flight, never the
+    whole node's ``max_gaps``."""
+    """Gaps open at once (all topics); the oldest is dropped to open another."""
+    settled_limit: int = 100_000
+    """Delivered CIDs remembered per topic; older ones are asked of ``is_delivered``."""
+    heads_limit: int = 1024
+    """Heads remembered per topic; HEADS carries the newest 256."""
+    memo_limit: int = 10_000
+    """Entries in each small per-topic memo (released frontiers, failed heads)."""
+    fetch_retries: int = 3
+    """DHT misses for one frontier before the gap stalls until its timeout."""
+    fetch_retry_delay: float = 0.5
+    """First DHT retry delay; doubles each time."""
+    retry_heads_after: float = 30.0
+    """A head we could not get, or found invalid, is not asked for again this long."""
+    answer_limit: int = MAX_BLOCKS
+    """Most blocks we put in one BLOCKS answer."""
+    answer_bytes: int = 512 * 1024
+    """Most block bytes in one answer: one answer never holds the connection long."""
+    horizon_slack: float = 60.0
+    """Events created up to this long before a subscription began are still delivered
+    (publishers' clocks differ, and events are in flight when a node subscribes)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.want_limit <= MAX_WANT_LIMIT:
+            raise ValueError(f"want_limit must be in 1..{MAX_WANT_LIMIT}")
+        if not 0 <= self.have_count <= MAX_HAVE:
+            raise ValueError(f"have_count must be in 0..{MAX_HAVE}")
+        if not 1 <= self.answer_limit <= MAX_BLOCKS:
+            raise ValueError(f"answer_limit must be in 1..{MAX_BLOCKS}")
+        if not MAX_BLOCK <= self.answer_bytes <= MAX_ANSWER_BYTES:
+            raise ValueError(f"answer_bytes must be in {MAX_BLOCK}..{MAX_ANSWER_BYTES}")
+        for name in ("max_pending", "max_gaps", "max_topic_gaps", "settled_limit",
+                     "heads_limit", "memo_limit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.heads_refresh < 1 or self.fetch_retries < 0:
+            raise ValueError("heads_refresh must be >= 1 and fetch_retries >= 0")
+        for name in ("want_timeout", "gap_timeout", "heads_interval", "fetch_retry_delay"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(slots=True, eq=False)
+class Gap:
+    """One missing chain: ``frontier`` is its oldest missing CID. At most one request (a
+    WANT to ``asked_peer``, or a DHT fetch when that is None) is in flight at a time."""
+
+    id: int
+    topic: CID
+    frontier: CID
+    since: float
+    peer: PeerId | None
+    """Where the next request goes: a peer for a WANT, None for the DHT."""
+    asked: CID | None = None
+    asked_peer: PeerId | None = None
+    failures: int = 0
+    retry_armed: bool = False
+    stalled: bool = False
+    closed: bool = False
+    timer_seq: int = 0
+
+
+@dataclass(slots=True)
+class Held:
+    event: EventDescriptor
+    hop: int
+
+
+@dataclass(slots=True, eq=False)
+class TopicState:
+    cid: CID
+    deliver: bool
+    horizon: str | None
+    settled: OrderedDict[CID, None] = field(default_factory=OrderedDict)
+    """Delivered (or pre-horizon) CIDs, oldest first. An OrderedDict because evicting the
+    oldest key of a plain dict with ``next(iter(d))`` is O(n) once its front is full of
+    deleted slots (measured 32 us an insert at 100,000 entries against 0.7 us)."""
+    held: dict[CID, Held] = field(default_factory=dict)
+    waiting: dict[CID, list[CID]] = field(default_factory=dict)
+    """Missing or held CID -> the held events naming it as parent."""
+    frontier: dict[CID, Gap] = field(default_factory=dict)
+    heads: OrderedDict[CID, None] = field(default_factory=OrderedDict)
+    released: OrderedDict[CID, None] = field(default_factory=OrderedDict)
+    """Frontiers whose children were delivered first: if they come late, not heads."""
+    failed: OrderedDict[CID, float] = field(default_factory=OrderedDict)
+    """Heads we could not get or found invalid -> not asked for again until then."""
+    wants: dict[tuple[PeerId, CID], Gap] = field(default_factory=dict)
+    sent: dict[PeerId, frozenset[CID]] = field(default_factory=dict)
+    ticks: int = 0
+
+
+def bounded_put(memo: OrderedDict[CID, Any], key: CID, value: Any, limit: int) -> None:
+    memo[key] = value
+    if len(memo) > limit:
+        memo.popitem(last=False)
+
+
+def event_links(block: bytes) -> tuple[CID | None, str] | None:
+    """``(parent, created)`` of an event block, read without checking signatures: enough
+    to walk a chain when answering a WANT (the asker verifies everything). None when the
+    block is not shaped like an event."""
+    try:
+        wire = decode_fast(block)
+        if not isinstance(wire, dict) or "publisher" not in wire or "payload" not in wire:
+            return None
+        created = wire["metadata"]["created"]
+        raw = wire["parent"]
+        if not isinstance(created, str):
+            return None
+        if raw is None:
+            return None, created
+        if not isinstance(raw, bytes):
+            return None
+        return CID(raw), created
+    except (CodecError, KeyError, TypeError, ValueError):
+        return None
+
+
+class BackfillParts(ABC):
+    config: BackfillConfig
+    _lookup: Lookup
+    _verify: Verify
+    _is_delivered: IsDelivered
+    _neighbours: Neighbours | None
+    _topics: dict[CID, TopicState]
+    _gaps: dict[int, Gap]
+    _fetches: dict[CID, Gap]
+    _held: int
+    _next_gap: int
+    _repaired: list[tuple[CID, EventDescriptor]]
+    _counts: dict[str, int]
+
+    # -- causal.py
+    @abstractmethod
+    def _add(self, state: TopicState, event: EventDescriptor, hop: int, sender: PeerId | None,
+             now: float, out: Out, *, fetched: bool, local: bool = False) -> Gap | None: ...
+
+    @abstractmethod
+    def _deliver(self, state: TopicState, roots: list[Held], out: Out) -> int: ...
+
+    @abstractmethod
+    def _unhold(self, state: TopicState, cids: list[CID]) -> list[Held]: ...
+
+    @abstractmethod
+    def _settle(self, state: TopicState, event: EventDescriptor) -> None: ...
+
+    @abstractmethod
+    def heads(self, topic: CID) -> list[CID]: ...
+
+    # -- gaps.py
+    @abstractmethod
+    def _open_gap(self, state: TopicState, missing: CID, peer: PeerId | None, now: float,
+                  out: Out) -> Gap: ...
+
+    @abstractmethod
+    def _merge(self, state: TopicState, gap: Gap, into: Gap | None, now: float,
+               out: Out) -> None: ...
+
+    @abstractmethod
+    def _gap_above(self, state: TopicState, cid: CID) -> Gap | None: ...
+
+    @abstractmethod
+    def _make_room(self, now: float, out: Out) -> None: ...
+
+    @abstractmethod
+    def _close(self, gap: Gap) -> None: ...
+
+    @abstractmethod
+    def _pump(self, state: TopicState, gap: Gap, now: float, out: Out) -> None: ...
+
+    # -- anti_entropy.py
+    @abstractmethod
+    def learn_heads(self, topic: CID, heads: Iterable[CID], peer: PeerId | None,
+                    now: float) -> Out: ...

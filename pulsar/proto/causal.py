@@ -1,0 +1,248 @@
+"""Causal delivery: an event is delivered only after its parent.
+
+An event whose parent is neither delivered nor settled is held; when the parent is
+delivered, every held descendant that became ready is delivered too, concurrent ones in
+:func:`dag.history.order_key` order, so every node delivers a DAG the same way. The heads
+(delivered events with no delivered children) are kept here; a subscription's horizon
+(``since`` minus ``horizon_slack``) settles what is older without delivering it.
+See :mod:`pulsar.proto.backfill` for the whole layer.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from dag import CID, EventDescriptor, PeerId
+from dag.descriptors import iso_timestamp
+from dag.history import order_key
+
+from . import events as ev
+from .backfill_state import (
+    BackfillParts,
+    Gap,
+    Held,
+    TopicState,
+    bounded_put,
+)
+from .events import Out
+from .repair_messages import MAX_HEADS
+from .timers import HeadsTick
+
+__all__ = ["CausalOrder"]
+
+
+class CausalOrder(BackfillParts):
+    """The causal-order part of :class:`~pulsar.proto.backfill.Backfill`: holding, delivering
+    in order, heads, the horizon."""
+
+    def open(
+        self,
+        topic: CID,
+        now: float,
+        *,
+        deliver: bool = True,
+        since: float | None = None,
+        heads: Iterable[CID] = (),
+        delivered: Iterable[CID] = (),
+    ) -> Out:
+        """Start (or, for an open topic, widen) tracking ``topic``'s tree.
+
+        ``deliver=False`` is a relay: events are ordered, backfilled and answered for, but
+        not delivered. ``since`` is when the subscription began (seconds since the epoch;
+        None: deliver the whole history). ``heads`` and ``delivered`` restore what the
+        durable store knows after a restart. Returns the first heads timer.
+
+        A relay that becomes a subscriber starts over: what it settled while relaying was
+        never delivered, so its heads are walked back again (from the local store, where
+        it kept every block) and delivered from the subscription's ``since``."""
+        state = self._topics.get(topic)
+        if state is not None:
+            if deliver and not state.deliver:
+                relayed = list(state.heads)
+                self.close(topic)
+                self._new_state(topic, True, since, heads, delivered)
+                return self.learn_heads(topic, relayed, None, now)
+            self.mark_delivered(topic, delivered)
+            return []
+        self._new_state(topic, deliver, since, heads, delivered)
+        if self._neighbours is None:
+            return []
+        return [ev.SetTimer(self.config.heads_interval, HeadsTick(topic))]
+
+    def _new_state(self, topic: CID, deliver: bool, since: float | None, heads: Iterable[CID],
+                   delivered: Iterable[CID]) -> None:
+        horizon = None
+        if since is not None:
+            horizon = iso_timestamp(max(0.0, since - self.config.horizon_slack))
+        state = self._topics[topic] = TopicState(topic, deliver, horizon)
+        self.mark_delivered(topic, delivered)
+        for head in heads:
+            bounded_put(state.settled, head, None, self.config.settled_limit)
+            bounded_put(state.heads, head, None, self.config.heads_limit)
+
+    def close(self, topic: CID) -> None:
+        """Forget ``topic`` (unsubscribed): held events are dropped, gaps closed."""
+        state = self._topics.pop(topic, None)
+        if state is None:
+            return
+        self._held -= len(state.held)
+        for gap in list(state.frontier.values()):
+            self._close(gap)
+
+    def mark_delivered(self, topic: CID, cids: Iterable[CID]) -> None:
+        """Record CIDs the runtime already delivered (its durable log, after a restart)."""
+        state = self._topics[topic]
+        for cid in cids:
+            bounded_put(state.settled, cid, None, self.config.settled_limit)
+
+    def known(self, topic: CID, cid: CID) -> bool:
+        """Whether ``cid`` is delivered (as far as memory knows) or held in ``topic``: the
+        core can skip a copy that arrives down the tree after it was backfilled."""
+        state = self._topics.get(topic)
+        return state is not None and (cid in state.settled or cid in state.held)
+
+    def heads(self, topic: CID) -> list[CID]:
+        """The newest heads of ``topic`` (at most 256), oldest first: persist them, and
+        they are what HEADS carries."""
+        state = self._topics.get(topic)
+        if state is None:
+            return []
+        return list(state.heads)[-MAX_HEADS:]
+
+    def take_repaired(self) -> list[tuple[CID, EventDescriptor]]:
+        """The ``(topic, event)`` pairs taken in by repair (not down the tree) since the
+        last call, oldest first: the core pushes the recent ones down its tree."""
+        taken, self._repaired = self._repaired, []
+        return taken
+
+    def held(self, topic: CID) -> int:
+        state = self._topics.get(topic)
+        return 0 if state is None else len(state.held)
+
+    def accepted(
+        self, topic: CID, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
+    ) -> Out:
+        """An event the core verified (CID, signatures, rights) and stored, from the tree
+        (``sender``) or published here (``sender=None``). Delivers it and what it unblocks,
+        or holds it and starts fetching its ancestors. The topic must be open."""
+        state = self._topics[topic]
+        if event.cid in state.held or event.cid in state.settled:
+            self._counts["duplicates"] += 1
+            return []
+        out: Out = []
+        gap = self._add(state, event, hop, sender, now, out, fetched=False)
+        if gap is not None:
+            self._pump(state, gap, now, out)
+        return out
+
+    def _add(
+        self,
+        state: TopicState,
+        event: EventDescriptor,
+        hop: int,
+        sender: PeerId | None,
+        now: float,
+        out: Out,
+        *,
+        fetched: bool,
+        local: bool = False,
+    ) -> Gap | None:
+        """Take in a verified event that is neither held nor settled. Returns the gap whose
+        frontier it moved (its caller decides what to request next), or None."""
+        cid = event.cid
+        parent = event.parent
+        before = state.horizon is not None and event.created < state.horizon
+        if fetched and before:
+            # History from before the subscription: the walk ends here.
+            boundary = state.frontier.pop(cid, None)
+            # Settled like a delivery (not delivered): it is a head until its children
+            # come, so a node that only learned this far still links its next event here.
+            self._settle(state, event)
+            if boundary is not None:
+                self._close(boundary)
+            children = state.waiting.pop(cid, None)
+            if children:
+                self._deliver(state, self._unhold(state, children), out)
+            return None
+        if fetched and not local:  # new to this node: its children may lack it too
+            self._repaired.append((state.cid, event))
+        ready = self._ready(state, parent, before)
+        if not ready and self._held >= self.config.max_pending:
+            self._make_room(now, out)
+            ready = self._ready(state, parent, before)
+            if not ready and self._held >= self.config.max_pending:  # cannot happen
+                ready = True  # with every held event under a gap; never hold beyond the cap
+                if parent is not None:
+                    bounded_put(state.released, parent, None, self.config.memo_limit)
+        gap = state.frontier.pop(cid, None)
+        if ready:
+            if gap is not None:
+                self._close(gap)
+            self._deliver(state, [Held(event, hop)], out)
+            return None
+        assert parent is not None  # an event without a parent is always ready
+        state.held[cid] = Held(event, hop)
+        self._held += 1
+        state.waiting.setdefault(parent, []).append(cid)
+        if parent in state.frontier or parent in state.held:
+            if gap is not None:  # two gaps met: the older chain's gap carries on
+                self._merge(state, gap, self._gap_above(state, parent), now, out)
+            return None
+        if gap is not None:
+            gap.frontier = parent
+            state.frontier[parent] = gap
+            gap.failures = 0
+            gap.stalled = False
+            return gap
+        self._open_gap(state, parent, sender, now, out)
+        return None
+
+    def _ready(self, state: TopicState, parent: CID | None, before_horizon: bool) -> bool:
+        if parent is None:
+            return True
+        if parent in state.held or parent in state.frontier:
+            return False
+        if parent in state.settled or before_horizon:
+            return True
+        if self._is_delivered(state.cid, parent):
+            bounded_put(state.settled, parent, None, self.config.settled_limit)
+            return True
+        return False
+
+    def _deliver(self, state: TopicState, roots: list[Held], out: Out) -> int:
+        """Deliver ``roots`` and every held descendant they unblock: Kahn's algorithm with
+        a heap on :func:`order_key`, so concurrent branches come out the same everywhere."""
+        heap = [(order_key(h.event), h) for h in roots]
+        heapq.heapify(heap)
+        count = 0
+        while heap:
+            _, held = heapq.heappop(heap)
+            event = held.event
+            self._settle(state, event)
+            if state.deliver:
+                out.append(ev.Deliver(state.cid, event, held.hop))
+            count += 1
+            children = state.waiting.pop(event.cid, None)
+            if children:
+                for child in self._unhold(state, children):
+                    heapq.heappush(heap, (order_key(child.event), child))
+        if state.deliver:
+            self._counts["delivered"] += count
+        return count
+
+    def _unhold(self, state: TopicState, cids: list[CID]) -> list[Held]:
+        self._held -= len(cids)
+        return [state.held.pop(c) for c in cids]
+
+    def _settle(self, state: TopicState, event: EventDescriptor) -> None:
+        """Record a delivered event and keep the heads: it replaces its parent as a head,
+        unless its own children were delivered before it (a released gap)."""
+        cid = event.cid
+        bounded_put(state.settled, cid, None, self.config.settled_limit)
+        if event.parent is not None:
+            state.heads.pop(event.parent, None)
+        if cid in state.released:
+            del state.released[cid]
+        else:
+            bounded_put(state.heads, cid, None, self.config.heads_limit)

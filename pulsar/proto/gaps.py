@@ -1,0 +1,292 @@
+"""Gap fetching: how a missing ancestor is found.
+
+A missing parent opens a gap whose frontier is the oldest CID still missing on its chain.
+The frontier is looked up in the local store first, then asked for with one WANT from the
+peer that sent the event, then fetched from the DHT one block at a time, until the chain
+reaches an event that is delivered. Gaps time out (their held descendants are released and
+reported), merge when two chains meet, and are bounded per topic and per node. See
+:mod:`pulsar.proto.backfill` for the transition table.
+"""
+
+from __future__ import annotations
+
+from dag import CID, PeerId, cid_of
+
+from . import events as ev
+from .backfill_state import (
+    REPAIR_HOP,
+    BackfillParts,
+    Gap,
+    TopicState,
+    bounded_put,
+)
+from .events import GapReported, Out
+from .repair_messages import Blocks, Want
+from .timers import GapTimeout, RetryFetch, WantTimeout
+
+__all__ = ["GapFetching"]
+
+
+class GapFetching(BackfillParts):
+    """The gap-fetching part of :class:`~pulsar.proto.backfill.Backfill`: local store, WANT,
+    DHT, timeouts and bounds."""
+
+    def fetching(self, cid: CID) -> bool:
+        """Whether a ``Fetch(cid)`` of ours is outstanding (route its ``BlockFetched`` here)."""
+        return cid in self._fetches
+
+    def missing(self, topic: CID) -> list[CID]:
+        """The frontiers of ``topic``'s open gaps: what is being fetched right now."""
+        state = self._topics.get(topic)
+        return [] if state is None else list(state.frontier)
+
+    def on_blocks(self, peer: PeerId, msg: Blocks, now: float) -> Out:
+        """A BLOCKS answer: take each block that is a frontier (newest first), then ask
+        again where the chain still does not connect."""
+        state = self._topics.get(msg.topic)
+        if state is None:
+            return []
+        out: Out = []
+        gap = state.wants.pop((peer, msg.head), None)
+        if gap is not None and not gap.closed and gap.asked == msg.head and gap.asked_peer == peer:
+            gap.asked = None
+        else:
+            gap = None  # a late answer: its blocks still count, the request is over
+        bad = False
+        touched: list[Gap] = []
+        for block in msg.blocks:
+            cid = cid_of(block)
+            if cid not in state.frontier:
+                break  # connected, stale, or not a chain: nothing more we asked for
+            event = self._verify(state.cid, block)
+            if event is None or event.cid != cid:
+                self._invalid(state, cid, peer, now, out)
+                bad = True
+                break
+            out.append(ev.StoreLocal(cid, block))
+            self._counts["backfilled"] += 1
+            moved = self._add(state, event, REPAIR_HOP, peer, now, out, fetched=True)
+            if moved is not None and moved is not gap:
+                touched.append(moved)
+        if gap is not None and not gap.closed:
+            if bad or gap.frontier == msg.head:
+                gap.peer = None  # this peer cannot help with this chain: the DHT can
+            self._pump(state, gap, now, out)
+        for other in touched:
+            self._pump(state, other, now, out)
+        return out
+
+    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+        """The driver's answer to our ``Fetch(cid)`` (``block`` None: nobody had it)."""
+        gap = self._fetches.pop(cid, None)
+        if gap is None:
+            return []
+        state = self._topics.get(gap.topic)
+        if state is None:
+            return []
+        out: Out = []
+        own = not gap.closed and gap.asked == cid and gap.asked_peer is None
+        if own:
+            gap.asked = None
+        moved: Gap | None = None
+        if block is not None and cid in state.frontier and cid.verifies(block):
+            event = self._verify(state.cid, block)
+            if event is None or event.cid != cid:
+                self._invalid(state, cid, None, now, out)
+                return out
+            out.append(ev.StoreLocal(cid, block))
+            self._counts["backfilled"] += 1
+            moved = self._add(state, event, REPAIR_HOP, None, now, out, fetched=True)
+        if own and not gap.closed:
+            if gap.frontier != cid:
+                gap.failures = 0
+            else:
+                gap.failures += 1
+                if gap.failures > self.config.fetch_retries:
+                    gap.stalled = True  # wait for the gap timeout, or a tree arrival
+                else:
+                    gap.retry_armed = True
+                    delay = self.config.fetch_retry_delay * 2 ** (gap.failures - 1)
+                    out.append(ev.SetTimer(delay, RetryFetch(gap.topic, gap.id)))
+            self._pump(state, gap, now, out)
+        if moved is not None and moved is not gap:
+            self._pump(state, moved, now, out)
+        return out
+
+    def peer_down(self, peer: PeerId, now: float) -> Out:
+        """``peer`` is gone: its WANTs will not be answered, ask the DHT instead."""
+        out: Out = []
+        for gap in list(self._gaps.values()):
+            if gap.closed:
+                continue
+            if gap.peer == peer:
+                gap.peer = None
+            if gap.asked is not None and gap.asked_peer == peer:
+                state = self._topics[gap.topic]
+                state.wants.pop((peer, gap.asked), None)
+                gap.asked = None
+                self._pump(state, gap, now, out)
+        for state in self._topics.values():
+            state.sent.pop(peer, None)
+        return out
+
+    def _open_gap(
+        self, state: TopicState, missing: CID, peer: PeerId | None, now: float, out: Out
+    ) -> Gap:
+        while len(state.frontier) >= self.config.max_topic_gaps:
+            self._drop(min(state.frontier.values(), key=lambda g: g.id), "evicted", now, out)
+        while len(self._gaps) >= self.config.max_gaps:
+            self._drop(next(iter(self._gaps.values())), "evicted", now, out)
+        gap = Gap(self._next_gap, state.cid, missing, now, peer)
+        self._next_gap += 1
+        self._gaps[gap.id] = gap
+        state.frontier[missing] = gap
+        self._arm(gap, self.config.gap_timeout, out)
+        self._pump(state, gap, now, out)
+        return gap
+
+    def _pump(self, state: TopicState, gap: Gap, now: float, out: Out) -> None:
+        """Issue the gap's next request unless one is in flight: the local store first
+        (walking back as long as it has the blocks), then a WANT, then the DHT."""
+        while not (gap.closed or gap.asked is not None or gap.retry_armed or gap.stalled):
+            cid = gap.frontier
+            block = self._lookup(cid)
+            if block is not None:
+                event = self._verify(state.cid, block)
+                if event is not None and event.cid == cid:
+                    self._counts["found_locally"] += 1
+                    self._add(state, event, REPAIR_HOP, None, now, out, fetched=True,
+                              local=True)
+                    continue
+            gap.asked = cid
+            gap.asked_peer = gap.peer
+            if gap.peer is None:
+                self._fetches[cid] = gap
+                self._counts["fetches"] += 1
+                out.append(ev.Fetch(cid))
+                return
+            self._want(state, gap, gap.peer, cid, out)
+            return
+
+    def _want(self, state: TopicState, gap: Gap, peer: PeerId, cid: CID, out: Out) -> None:
+        state.wants[(peer, cid)] = gap
+        count = self.config.have_count
+        have = tuple(list(state.heads)[-count:]) if count else ()
+        self._counts["wants_sent"] += 1
+        want = Want(state.cid, cid, self.config.want_limit, have, state.horizon)
+        out.append(ev.Send(peer, want))
+        timeout = WantTimeout(state.cid, gap.id, peer, cid)
+        out.append(ev.SetTimer(self.config.want_timeout, timeout))
+
+    def _gap_above(self, state: TopicState, cid: CID) -> Gap | None:
+        """The gap a held or frontier CID waits on: follow held parents to the frontier."""
+        while cid in state.held:
+            parent = state.held[cid].event.parent
+            assert parent is not None
+            cid = parent
+        return state.frontier.get(cid)
+
+    def _merge(self, state: TopicState, gap: Gap, into: Gap | None, now: float, out: Out) -> None:
+        """``gap``'s chain now hangs under ``into``: close it, and let ``into`` time out no
+        later than ``gap`` would have, so merging never extends how long events wait."""
+        self._close(gap)
+        if into is not None and gap.since < into.since:
+            into.since = gap.since
+            self._arm(into, max(0.0, into.since + self.config.gap_timeout - now), out)
+
+    def _arm(self, gap: Gap, delay: float, out: Out) -> None:
+        gap.timer_seq += 1
+        out.append(ev.SetTimer(delay, GapTimeout(gap.topic, gap.id, gap.timer_seq)))
+
+    def _close(self, gap: Gap) -> None:
+        if gap.closed:
+            return
+        gap.closed = True
+        self._gaps.pop(gap.id, None)
+        state = self._topics.get(gap.topic)
+        if state is not None and state.frontier.get(gap.frontier) is gap:
+            del state.frontier[gap.frontier]
+
+    def _release(self, state: TopicState, gap: Gap, out: Out) -> int:
+        """Deliver what waits on ``gap`` as if its frontier had been delivered (it is not:
+        if it comes later it is delivered then)."""
+        children = state.waiting.pop(gap.frontier, None)
+        if not children:
+            return 0
+        bounded_put(state.released, gap.frontier, None, self.config.memo_limit)
+        return self._deliver(state, self._unhold(state, children), out)
+
+    def _report(self, gap: Gap, released: int, reason: str, out: Out) -> None:
+        self._counts["gaps_reported"] += 1
+        out.append(GapReported(gap.topic, gap.frontier, gap.since, released, reason))
+
+    def _drop(self, gap: Gap, reason: str, now: float, out: Out) -> None:
+        """Give up on ``gap``: release and report it, and do not ask for it again soon."""
+        state = self._topics[gap.topic]
+        released = self._release(state, gap, out)
+        self._report(gap, released, reason, out)
+        self._close(gap)
+        until = now + self.config.retry_heads_after
+        bounded_put(state.failed, gap.frontier, until, self.config.memo_limit)
+
+    def _invalid(
+        self, state: TopicState, cid: CID, peer: PeerId | None, now: float, out: Out
+    ) -> None:
+        """The block that *is* ``cid`` fails verification: nobody can give us a valid one,
+        so the gap is dropped at once rather than at its timeout."""
+        self._counts["rejected"] += 1
+        out.append(ev.Rejected(peer, f"backfilled block {cid} is not a valid event of the topic"))
+        gap = state.frontier.get(cid)
+        if gap is not None:
+            self._drop(gap, "invalid", now, out)
+            state.failed[cid] = float("inf")
+
+    def _make_room(self, now: float, out: Out) -> None:
+        """``max_pending`` reached: release the oldest gaps that hold events until one
+        fits. Their fetches go on; what arrives later is delivered when it connects."""
+        while self._held >= self.config.max_pending:
+            victim: Gap | None = None
+            for gap in self._gaps.values():
+                if self._topics[gap.topic].waiting.get(gap.frontier) and (
+                    victim is None or gap.since < victim.since
+                ):
+                    victim = gap
+            if victim is None:
+                return
+            released = self._release(self._topics[victim.topic], victim, out)
+            self._report(victim, released, "overflow", out)
+            victim.since = now
+            self._arm(victim, self.config.gap_timeout, out)
+
+    def _on_gap_timeout(self, timer: GapTimeout, now: float) -> Out:
+        gap = self._gaps.get(timer.gap)
+        if gap is None or timer.seq != gap.timer_seq:
+            return []  # closed, or superseded by a timer for a moved deadline
+        out: Out = []
+        if gap.asked is None and not gap.retry_armed:
+            self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
+            return out
+        state = self._topics[gap.topic]
+        released = self._release(state, gap, out)
+        if released:
+            self._report(gap, released, "timeout", out)
+        gap.since = now  # still fetching: late ancestors are delivered when they come
+        self._arm(gap, self.config.gap_timeout, out)
+        return out
+
+    def _on_want_timeout(self, timer: WantTimeout, now: float) -> Out:
+        state = self._topics.get(timer.topic)
+        if state is None:
+            return []
+        key = (timer.peer, timer.head)
+        gap = state.wants.get(key)
+        if gap is None or gap.id != timer.gap:
+            return []
+        del state.wants[key]
+        out: Out = []
+        if not gap.closed and gap.asked == timer.head and gap.asked_peer == timer.peer:
+            self._counts["want_timeouts"] += 1
+            gap.asked = None
+            gap.peer = None
+            self._pump(state, gap, now, out)
+        return out
