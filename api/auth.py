@@ -48,7 +48,9 @@ def auth_middleware(token: str) -> web.middleware:  # type: ignore[valid-type]
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method not in _OPEN_METHODS:
-            given = request.headers.get("Authorization", "").encode()
+            # aiohttp decodes header bytes that are not UTF-8 as lone surrogates
+            # (surrogateescape); this turns them back into the bytes that were sent.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):
                 raise Problem(401, "unauthorized", "this call changes state: send the node's "
                               "API token as 'Authorization: Bearer <token>'")

@@ -10,6 +10,8 @@ tail meet with no event lost or repeated.
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +20,8 @@ from aiohttp import web
 from dag import CID, TopicDescriptor
 from pulsar import LogEntry, Node
 
-from .common import MAX_PAGE, json_response, node_of, query_int, topic_of
+from .common import MAX_PAGE, node_of, query_choice, query_int, topic_of
+from .limits import PAGE_BYTES, SEQ_DIGITS, SEQ_MAX
 from .problems import Problem
 from .topics import event_view
 from .views import parse_cid
@@ -31,16 +34,27 @@ HEARTBEAT_S = 15.0
 """An SSE comment line this often keeps proxies and clients from timing the stream out."""
 HEARTBEAT_KEY: web.AppKey[float] = web.AppKey("heartbeat", float)
 NDJSON = "application/x-ndjson"
-_MAX_SEQ = 2**62
+_MAX_SEQ = SEQ_MAX
+READ_BATCH = 100
+"""Log entries read at a time by a stream (descriptors only; payloads are read per event)."""
+WRITE_CHUNK = 64 * 1024
+"""A stream hands its output to the connection in pieces of about this size; each write
+waits while the connection's send buffer is over its high-water mark, so a reader that
+stalls holds at most that buffer, one piece and one event."""
+_SEQ = re.compile(rf"[0-9]{{1,{SEQ_DIGITS}}}")
+_SECONDS = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?")
 
 
 def parse_time(value: str, name: str) -> float:
     """Seconds since the epoch: a number, or an RFC 3339 date-time."""
+    if _SECONDS.fullmatch(value):  # ASCII, no "nan", "inf" or "1_0" as float() takes
+        seconds = float(value)
+        if not math.isfinite(seconds):
+            raise Problem(400, "invalid-field", f"{name} is out of range")
+        return seconds
     try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
+        if not value.isascii():
+            raise ValueError(value)
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise Problem(400, "invalid-field", f"{name} must be seconds since the epoch or an "
@@ -52,10 +66,11 @@ def parse_time(value: str, name: str) -> float:
 
 def parse_cursor(node: Node, topic: CID, value: str, name: str) -> int:
     """A delivery-log position: a sequence number, or the CID of an event in the log."""
-    if value.isdigit():
-        seq = int(value)
+    if value.isascii() and value.isdigit():  # "²".isdigit() is true too, int() disagrees
+        seq = int(value) if _SEQ.fullmatch(value) else _MAX_SEQ + 1
         if seq > _MAX_SEQ:
-            raise Problem(400, "invalid-field", f"{name} is out of range")
+            raise Problem(400, "invalid-field", f"{name} is out of range (at most "
+                          f"{_MAX_SEQ})")
         return seq
     cid = parse_cid(value, name)
     try:
@@ -79,10 +94,10 @@ async def history(request: web.Request) -> web.StreamResponse:
     pages with ``next_cursor`` while more remain, or NDJSON of any length."""
     node, topic = await _root(request)
     q = request.query
-    direction = q.get("direction", "forward")
-    if direction not in ("forward", "backward"):
-        raise Problem(400, "invalid-field", "direction must be forward or backward")
-    ndjson = q.get("format") == "ndjson" or NDJSON in request.headers.get("Accept", "")
+    direction = query_choice(request, "direction", ("forward", "backward"), "forward")
+    form = query_choice(request, "format", ("json", "ndjson"), "json")
+    ndjson = form == "ndjson" or (
+        "format" not in q and NDJSON in request.headers.get("Accept", ""))
     limit = query_int(request, "limit", None if ndjson else 100, 1,
                       _MAX_SEQ if ndjson else MAX_PAGE)
     low = 0  # exclusive bounds on seq
@@ -103,36 +118,63 @@ async def history(request: web.Request) -> web.StreamResponse:
     assert limit is not None
     entries = node.log_entries(topic.cid, after=low, before=high, limit=limit + 1,
                                descending=backward)
-    more = len(entries) > limit
-    entries = entries[:limit]
-    body: dict[str, Any] = {
-        "topic": str(topic.cid),
-        "events": [await _entry_json(node, e) for e in entries],
-    }
-    if more and entries:
-        body["next_cursor"] = str(entries[-1].seq)
-    return json_response(body)
+    # The page is serialized event by event and stops at PAGE_BYTES, so one answer (and
+    # what it leaves in a stalled reader's send buffer) stays a few MiB however large the
+    # events are; next_cursor then says where to go on.
+    parts: list[str] = []
+    size = 0
+    for entry in entries[:limit]:
+        text = json.dumps(await _entry_json(node, entry))
+        parts.append(text)
+        size += len(text)
+        if size >= PAGE_BYTES:
+            break
+    body = f'{{"topic": {json.dumps(str(topic.cid))}, "events": [{", ".join(parts)}]'
+    if len(entries) > len(parts) and parts:
+        body += f', "next_cursor": "{entries[len(parts) - 1].seq}"'
+    return web.Response(text=body + "}\n", content_type="application/json")
+
+
+class _Chunked:
+    """Output of a stream, handed to the response in pieces of about WRITE_CHUNK bytes."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+        self.pending = bytearray()
+
+    async def add(self, data: bytes) -> None:
+        self.pending += data
+        if len(self.pending) >= WRITE_CHUNK:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self.pending:
+            data = bytes(self.pending)
+            self.pending.clear()
+            await self.response.write(data)  # waits while the send buffer is full
 
 
 async def _ndjson(request: web.Request, node: Node, topic: CID, low: int, high: int,
                   limit: int | None, backward: bool) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
+    out = _Chunked(response)
     remaining = limit
     while remaining is None or remaining > 0:
-        size = 1000 if remaining is None else min(1000, remaining)
+        size = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
         entries = node.log_entries(topic, after=low, before=high, limit=size,
                                    descending=backward)
         if not entries:
             break
-        lines = [json.dumps(await _entry_json(node, e)) for e in entries]
-        await response.write(("\n".join(lines) + "\n").encode())
+        for entry in entries:
+            await out.add(json.dumps(await _entry_json(node, entry)).encode() + b"\n")
         if backward:
             high = entries[-1].seq
         else:
             low = entries[-1].seq
         if remaining is not None:
             remaining -= len(entries)
+    await out.flush()
     await response.write_eof()
     return response
 
@@ -183,15 +225,15 @@ async def _stream_log(response: web.StreamResponse, node: Node, topic: CID, posi
     unsubscribe or node stop. A disconnected client is noticed at the next write (at the
     latest one heartbeat later)."""
     await response.write(b"retry: 1000\n\n")
+    out = _Chunked(response)
     while not node.stopped:
-        entries = node.log_entries(topic, after=position, limit=500)
+        entries = node.log_entries(topic, after=position, limit=READ_BATCH)
         if entries:
-            chunks = []
             for entry in entries:
                 data = json.dumps(await _entry_json(node, entry))
-                chunks.append(f"id: {entry.seq}\nevent: event\ndata: {data}\n\n")
+                await out.add(f"id: {entry.seq}\nevent: event\ndata: {data}\n\n".encode())
                 position = entry.seq
-            await response.write("".join(chunks).encode())
+            await out.flush()
             continue
         if topic not in node.subscribed():
             await response.write(b"event: end\ndata: {\"reason\": \"unsubscribed\"}\n\n")

@@ -33,6 +33,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "not-subscribed": "This node is not subscribed to the topic",
     "publish-refused": "The topic's rules refuse this publication",
     "method-not-allowed": "Method not allowed",
+    "request-timeout": "The request body did not arrive in time",
     "payload-too-large": "The request body is too large",
     "unsupported-media-type": "The body must be application/json",
     "unavailable": "The node is not serving (stopping)",
