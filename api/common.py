@@ -88,7 +88,8 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise Problem(408, "request-timeout", f"the body did not arrive within {timeout:g} "
                       "s") from None
     try:
-        body = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+        # decode first: json.loads(bytes) would also take UTF-16 and UTF-32
+        body = json.loads(raw.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise Problem(400, "invalid-json", f"the body nests deeper than {JSON_DEPTH} "
                       "levels") from None

@@ -10,7 +10,6 @@ tail meet with no event lost or repeated.
 from __future__ import annotations
 
 import json
-import math
 import re
 from datetime import datetime
 from typing import Any
@@ -21,7 +20,7 @@ from dag import CID, TopicDescriptor
 from pulsar import LogEntry, Node
 
 from .common import MAX_PAGE, node_of, query_choice, query_int, topic_of
-from .limits import PAGE_BYTES, SEQ_DIGITS, SEQ_MAX
+from .limits import PAGE_BYTES, SEQ_DIGITS
 from .problems import Problem
 from .topics import event_view
 from .views import parse_cid
@@ -34,24 +33,39 @@ HEARTBEAT_S = 15.0
 """An SSE comment line this often keeps proxies and clients from timing the stream out."""
 HEARTBEAT_KEY: web.AppKey[float] = web.AppKey("heartbeat", float)
 NDJSON = "application/x-ndjson"
-_MAX_SEQ = SEQ_MAX
+_MAX_SEQ = 2**62  # beyond any position; an exclusive upper bound
 READ_BATCH = 100
 """Log entries read at a time by a stream (descriptors only; payloads are read per event)."""
 WRITE_CHUNK = 64 * 1024
 """A stream hands its output to the connection in pieces of about this size; each write
 waits while the connection's send buffer is over its high-water mark, so a reader that
 stalls holds at most that buffer, one piece and one event."""
-_SEQ = re.compile(rf"[0-9]{{1,{SEQ_DIGITS}}}")
-_SECONDS = re.compile(r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?")
+SEQ_PATTERN = f"[0-9]{{1,{SEQ_DIGITS}}}"
+SECONDS_PATTERN = r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,2})?"  # always finite
+_SEQ = re.compile(SEQ_PATTERN)
+_SECONDS = re.compile(SECONDS_PATTERN)
+_RFC3339 = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+                      r"(\.[0-9]+)?([Zz]|[-+][0-9]{2}:[0-9]{2})")
 
 
 def parse_time(value: str, name: str) -> float:
     """Seconds since the epoch: a number, or an RFC 3339 date-time."""
     if _SECONDS.fullmatch(value):  # ASCII, no "nan", "inf" or "1_0" as float() takes
-        seconds = float(value)
-        if not math.isfinite(seconds):
-            raise Problem(400, "invalid-field", f"{name} is out of range")
-        return seconds
+        return float(value)
+    match = _RFC3339.fullmatch(value)
+    if match:
+        year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+        zone = match[8].upper().replace("Z", "+00:00")
+        try:
+            # RFC 3339 allows a leap second (:60), which datetime does not.
+            moment = datetime.fromisoformat(f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:"
+                                            f"{minute:02d}:{min(second, 59):02d}{zone}")
+            if second > 60:
+                raise ValueError(second)
+        except ValueError:
+            raise Problem(400, "invalid-field", f"{name} is not a valid calendar date-time"
+                          ) from None
+        return moment.timestamp() + (second == 60) + float("0" + (match[7] or ""))
     try:
         if not value.isascii():
             raise ValueError(value)
@@ -67,11 +81,10 @@ def parse_time(value: str, name: str) -> float:
 def parse_cursor(node: Node, topic: CID, value: str, name: str) -> int:
     """A delivery-log position: a sequence number, or the CID of an event in the log."""
     if value.isascii() and value.isdigit():  # "²".isdigit() is true too, int() disagrees
-        seq = int(value) if _SEQ.fullmatch(value) else _MAX_SEQ + 1
-        if seq > _MAX_SEQ:
+        if not _SEQ.fullmatch(value):  # int() of 4,300+ digits raises, and is slow before
             raise Problem(400, "invalid-field", f"{name} is out of range (at most "
-                          f"{_MAX_SEQ})")
-        return seq
+                          f"{SEQ_DIGITS} digits)")
+        return int(value)
     cid = parse_cid(value, name)
     try:
         return node.log_position(topic, cid)
@@ -188,8 +201,10 @@ def _start_position(node: Node, topic: CID, request: web.Request) -> int:
         return 0
     if start == "latest":
         return node.last_position(topic)
-    if "-" in start or "." in start:  # 2026-11-23T10:00:00Z or 1795000000.0: a time
-        return node.log_position(topic, parse_time(start, "from"))
+    if _SEQ.fullmatch(start):  # a bare integer is a position
+        return parse_cursor(node, topic, start, "from")
+    if _SECONDS.fullmatch(start) or "-" in start or ":" in start:
+        return node.log_position(topic, parse_time(start, "from"))  # 1795000000.0, RFC 3339
     return parse_cursor(node, topic, start, "from")
 
 
@@ -213,7 +228,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     try:
         await _stream_log(response, node, topic.cid, position, heartbeat)
-    except ConnectionResetError:  # the client went away: nothing to finish
+    except ConnectionError:  # the client went away: nothing to finish
         return response
     await response.write_eof()
     return response

@@ -36,9 +36,10 @@ PAGE_EVENTS: Final = 1000
 PAGE_BYTES: Final = 2 * 1024 * 1024
 """A JSON history page stops adding events once its events' JSON reaches this size (it has
 at least one event, and ``next_cursor`` says where to go on)."""
-SEQ_DIGITS: Final = 19
-SEQ_MAX: Final = 2**62
-"""Largest delivery-log position a cursor may name (at most 19 ASCII digits)."""
+SEQ_DIGITS: Final = 18
+SEQ_MAX: Final = 10**SEQ_DIGITS - 1
+"""Largest delivery-log position a cursor may name: any 1..18 ASCII digits (so a pattern in
+the OpenAPI document states it exactly)."""
 ROUTING_K: Final = 1000
 
 LIMITS: Final[dict[str, int]] = {

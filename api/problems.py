@@ -92,7 +92,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         kind = _HTTP_KINDS.get(exc.status, "bad-request")
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return problem_response(exc.status, kind, exc.reason, headers=headers)
-    except ConnectionResetError:
+    except ConnectionError:  # the client went away (reset, or lost while we waited)
         raise
     except Exception:
         log.exception("%s %s failed", request.method, request.path)

@@ -125,9 +125,10 @@ async def run_node(config: NodeConfig, api_host: str, api_port: int, token: str 
         if as_json:
             print(json.dumps(info), flush=True)
         else:
+            where = ("given with --token (not stored)" if token is not None
+                     else f"in {config.data_dir / 'api-token'}")
             print(f"node {info['peer_id']}\n  p2p  {info['address']} (UDP DHT + TCP)\n"
-                  f"  api  {info['url']}\n  token in {config.data_dir / 'api-token'}",
-                  flush=True)
+                  f"  api  {info['url']}\n  token {where}", flush=True)
         await _until_signalled()
     finally:
         if server is not None:

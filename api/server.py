@@ -26,6 +26,7 @@ from .problems import problem_middleware
 __all__ = ["ApiServer", "create_app"]
 
 MAX_BODY = BODY_BYTES
+LINGER_S = 1.0
 
 
 def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S,
@@ -73,8 +74,11 @@ class ApiServer:
         # Open SSE streams end when the node stops; do not wait a minute for them.
         # keepalive_timeout is also the header timeout: aiohttp arms it when a connection
         # opens and closes the connection if no complete request head came by then.
+        # lingering_time: after answering a request whose body was not read (a 408, a
+        # 413), how long aiohttp keeps reading and discarding the rest before it closes.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
-                               keepalive_timeout=limits.header_timeout)
+                               keepalive_timeout=limits.header_timeout,
+                               lingering_time=LINGER_S)
         await runner.setup()
         site = GuardedSite(runner, host, port, ConnectionGuard(limits))
         await site.start()
@@ -83,8 +87,8 @@ class ApiServer:
     @property
     def url(self) -> str:
         server = self._site._server
-        assert server is not None and server.sockets
-        host, port = server.sockets[0].getsockname()[:2]
+        assert server is not None and server.sockets  # type: ignore[attr-defined]
+        host, port = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{port}"
