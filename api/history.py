@@ -171,6 +171,16 @@ async def _ndjson(request: web.Request, node: Node, topic: CID, low: int, high: 
                   limit: int | None, backward: bool) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
+    try:
+        await _ndjson_lines(response, node, topic, low, high, limit, backward)
+    except ConnectionError:  # the client went away: nothing to finish, nothing to log
+        return response
+    await response.write_eof()
+    return response
+
+
+async def _ndjson_lines(response: web.StreamResponse, node: Node, topic: CID, low: int,
+                        high: int, limit: int | None, backward: bool) -> None:
     out = _Chunked(response)
     remaining = limit
     while remaining is None or remaining > 0:
@@ -188,8 +198,6 @@ async def _ndjson(request: web.Request, node: Node, topic: CID, low: int, high: 
         if remaining is not None:
             remaining -= len(entries)
     await out.flush()
-    await response.write_eof()
-    return response
 
 
 def _start_position(node: Node, topic: CID, request: web.Request) -> int:

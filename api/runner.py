@@ -16,6 +16,7 @@ from typing import Any
 from pulsar import Node, NodeConfig
 from pulsar.devnet import Devnet
 
+from .limits import ServerLimits
 from .server import ApiServer
 
 __all__ = ["run_devnet", "run_node"]
@@ -31,6 +32,14 @@ async def _until_signalled() -> None:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _limits() -> ServerLimits:
+    """The API's connection limits from the environment (docs/operations.md)."""
+    try:
+        return ServerLimits.from_env()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def describe(index: int, node: Node, server: ApiServer) -> dict[str, Any]:
@@ -73,6 +82,7 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
     signalled."""
     if count < 1:
         raise SystemExit("--nodes must be at least 1")
+    limits = _limits()
     with contextlib.ExitStack() as stack:
         if data_dir is None:
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="devnet-")))
@@ -91,7 +101,8 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
             for i, node in enumerate(net.nodes):
                 port = api_base_port + i if api_base_port else 0
                 try:
-                    server = await ApiServer.start(node, host=api_host, port=port)
+                    server = await ApiServer.start(node, host=api_host, port=port,
+                                                   limits=limits)
                 except OSError as exc:
                     raise SystemExit(f"cannot serve the API of node {i} on "
                                      f"{api_host}:{port}: {exc.strerror}") from None
@@ -116,10 +127,12 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
 async def run_node(config: NodeConfig, api_host: str, api_port: int, token: str | None,
                    as_json: bool) -> int:
     """One node with its API, until signalled."""
+    limits = _limits()
     node = await Node.start(config)
     server = None
     try:
-        server = await ApiServer.start(node, host=api_host, port=api_port, token=token)
+        server = await ApiServer.start(node, host=api_host, port=api_port, token=token,
+                                       limits=limits)
         info = describe(0, node, server)
         del info["node"]
         if as_json:
