@@ -9,7 +9,8 @@ history, subscribe and update reach the node rather than stopping at 400/404), a
 the bearer token, so the authenticated operations run too. Checked: no 5xx, and status
 codes, content types and bodies as documented, and that no schema-valid request is refused
 with a 4xx other than for what JSON Schema cannot state (see :data:`UNSTATABLE`). The SSE
-stream is left out: its body never ends.
+stream is left out: its body never ends. As many schema-*invalid* requests again must never
+get a 5xx either.
 
 ``PULSARCAST_SCHEMA_EXAMPLES=N`` raises the examples per strategy for a long run (see
 docs/api.md, "Conformance"); the default keeps this test to seconds.
@@ -31,7 +32,8 @@ import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis import checks
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode, checks
 from schemathesis.specs.openapi import checks as openapi_checks
 
 from api import ApiServer
@@ -80,6 +82,9 @@ CHECKS = [
     openapi_checks.response_schema_conformance,
     schema_valid_request_accepted,
 ]
+NEGATIVE_CHECKS = [checks.not_a_server_error, openapi_checks.content_type_conformance]
+"""For schema-invalid requests (wrong types, missing fields, out-of-range values, extra
+properties): never a 5xx, and problem documents as documented."""
 
 
 class LiveNode:
@@ -134,6 +139,20 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveNode]:
         node.stop()
 
 
+def _runner(strategy: Any, case_checks: list[Any], examples: int, url: str,
+            session: requests.Session, headers: dict[str, str]) -> Any:
+    """A hypothesis test that sends ``examples`` cases of ``strategy`` and runs the checks."""
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def check(case: Any) -> None:
+        case.call_and_validate(base_url=url, session=session, headers=headers,
+                               checks=case_checks, timeout=10)
+
+    return check
+
+
 @pytest.mark.slow
 def test_every_operation_conforms_to_the_served_document(live: LiveNode) -> None:
     url = live.server.url
@@ -146,21 +165,21 @@ def test_every_operation_conforms_to_the_served_document(live: LiveNode) -> None
         for result in schema.get_all_operations():
             operation = result.ok()
             operations += 1
-            strategies = [operation.as_strategy()]
+            strategies = [(operation.as_strategy(), CHECKS),
+                          (operation.as_strategy(GenerationMode.NEGATIVE), NEGATIVE_CHECKS)]
             if any(p.name == "cid" for p in operation.path_parameters):
                 real = live.event if operation.path.startswith("/v1/events/") else live.topic
-                strategies.append(operation.as_strategy(path_parameters={"cid": real}))
-            for strategy in strategies:
-
-                @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-                          suppress_health_check=list(HealthCheck))
-                @given(case=strategy)
-                def check(case: Any) -> None:
-                    case.call_and_validate(base_url=url, session=session, headers=headers,
-                                           checks=CHECKS, timeout=10)
-
+                for mode, mode_checks in ((GenerationMode.POSITIVE, CHECKS),
+                                          (GenerationMode.NEGATIVE, NEGATIVE_CHECKS)):
+                    strategies.append((operation.as_strategy(
+                        mode, path_parameters={"cid": real}), mode_checks))
+            for strategy, case_checks in strategies:
+                examples = MAX_EXAMPLES if case_checks is CHECKS else MAX_EXAMPLES // 2
+                check = _runner(strategy, case_checks, examples, url, session, headers)
                 try:
                     check()
+                except Unsatisfiable:  # negative mode: nothing to make invalid
+                    continue
                 except Exception as exc:  # collect every operation's failure, then report
                     failures.append(f"{operation.label}: {exc}")
     assert operations >= 15
