@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,16 @@ from .server import ApiServer
 __all__ = ["run_devnet", "run_node"]
 
 
-async def _until_signalled() -> None:
+@contextlib.contextmanager
+def _signals() -> Iterator[asyncio.Event]:
+    """An event set by SIGINT or SIGTERM. Enter it before saying the node is ready, so a
+    supervisor that signals as soon as it reads that line gets a clean stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -97,6 +101,7 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
             await net.start(progress)
             if not as_json:
                 print(file=sys.stderr)
+            stop = stack.enter_context(_signals())
             described = []
             for i, node in enumerate(net.nodes):
                 port = api_base_port + i if api_base_port else 0
@@ -116,7 +121,7 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
                           f"peer {info['peer_id']}  p2p {info['address']}", flush=True)
             if not as_json:
                 _say(_tour(described[0]))
-            await _until_signalled()
+            await stop.wait()
         finally:
             for server in servers:
                 await server.stop()
@@ -135,16 +140,22 @@ async def run_node(config: NodeConfig, api_host: str, api_port: int, token: str 
                                        limits=limits)
         info = describe(0, node, server)
         del info["node"]
-        if as_json:
-            print(json.dumps(info), flush=True)
-        else:
-            where = ("given with --token (not stored)" if token is not None
-                     else f"in {config.data_dir / 'api-token'}")
-            print(f"node {info['peer_id']}\n  p2p  {info['address']} (UDP DHT + TCP)\n"
-                  f"  api  {info['url']}\n  token {where}", flush=True)
-        await _until_signalled()
+        with _signals() as stop:
+            _announce(info, config, token, as_json)
+            await stop.wait()
     finally:
         if server is not None:
             await server.stop()
         await node.stop()
     return 0
+
+
+def _announce(info: dict[str, Any], config: NodeConfig, token: str | None, as_json: bool
+              ) -> None:
+    if as_json:
+        print(json.dumps(info), flush=True)
+        return
+    where = ("given with --token (not stored)" if token is not None
+             else f"in {config.data_dir / 'api-token'}")
+    print(f"node {info['peer_id']}\n  p2p  {info['address']} (UDP DHT + TCP)\n"
+          f"  api  {info['url']}\n  token {where}", flush=True)
