@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -16,13 +17,29 @@ from aiohttp import web
 
 from .problems import Handler, Problem
 
-__all__ = ["TOKEN_FILE", "auth_middleware", "load_or_create_token"]
+__all__ = ["MIN_TOKEN_CHARS", "TOKEN_FILE", "auth_middleware", "check_token",
+           "load_or_create_token"]
 
 TOKEN_FILE = "api-token"
 # A fixed prefix so a generated token never starts with "-" (which a command line would read
 # as an option: ``--token -x…``) and so secret scanners can recognise one in a leaked log.
 TOKEN_PREFIX = "pct_"
 _OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+MIN_TOKEN_CHARS = 16
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: what an HTTP header carries intact
+
+
+def check_token(token: object) -> str:
+    """``token`` if it is a usable API token: at least :data:`MIN_TOKEN_CHARS` visible
+    ASCII characters (no spaces); else :class:`ValueError` saying why."""
+    if not isinstance(token, str):
+        raise ValueError("the API token must be a string")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"the API token must be at least {MIN_TOKEN_CHARS} characters "
+                         f"(got {len(token)})")
+    if not _TOKEN.fullmatch(token):
+        raise ValueError("the API token may hold only visible ASCII characters, no spaces")
+    return token
 
 
 def load_or_create_token(data_dir: Path) -> str:
@@ -37,9 +54,10 @@ def load_or_create_token(data_dir: Path) -> str:
         with os.fdopen(fd, "w") as out:
             out.write(token + "\n")
         return token
-    if len(token) < 16:
-        raise ValueError(f"{path}: the API token must be at least 16 characters")
-    return token
+    try:
+        return check_token(token)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def auth_middleware(token: str) -> web.middleware:  # type: ignore[valid-type]
@@ -48,7 +66,9 @@ def auth_middleware(token: str) -> web.middleware:  # type: ignore[valid-type]
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method not in _OPEN_METHODS:
-            given = request.headers.get("Authorization", "").encode()
+            # aiohttp decodes header bytes that are not UTF-8 as lone surrogates
+            # (surrogateescape); this turns them back into the bytes that were sent.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):
                 raise Problem(401, "unauthorized", "this call changes state: send the node's "
                               "API token as 'Authorization: Bearer <token>'")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import re
 from typing import Any
 
 from aiohttp import web
@@ -10,14 +13,17 @@ from aiohttp import web
 from dag import CID, TopicDescriptor
 from pulsar import Node, TopicNotFound
 
+from .limits import JSON_DEPTH, PAGE_EVENTS, ServerLimits
 from .problems import Problem
 from .views import parse_cid
 
-__all__ = ["NODE", "json_body", "json_response", "node_of", "path_cid", "query_int", "topic_of"]
+__all__ = ["LIMITS_KEY", "NODE", "check_fields", "json_body", "json_response", "node_of",
+           "path_cid", "query_choice", "query_int", "topic_of"]
 
 NODE: web.AppKey[Node] = web.AppKey("node", Node)
-MAX_PAGE = 1000
-"""Largest ``limit`` of one JSON history page (NDJSON streams have no such bound)."""
+LIMITS_KEY: web.AppKey[ServerLimits] = web.AppKey("limits", ServerLimits)
+MAX_PAGE = PAGE_EVENTS
+_INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII only: int() would take "١٢" and "1_0"
 
 
 def _dumps(body: Any) -> str:
@@ -33,18 +39,73 @@ def node_of(request: web.Request) -> Node:
     return request.app[NODE]
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} does not fit a double")
+    return value
+
+
+def _check_tree(body: Any) -> None:
+    """Nesting depth at most :data:`JSON_DEPTH`; every string (and key) encodable as UTF-8,
+    which JSON's ``\ud800`` escapes need not be. Iterative, so depth costs no stack."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise Problem(400, "invalid-json", "a string holds a lone surrogate "
+                              "(\\ud800-\\udfff), which is not Unicode text") from None
+            continue
+        if not isinstance(value, dict | list):
+            continue
+        if depth > JSON_DEPTH:
+            raise Problem(400, "invalid-json", f"the body nests deeper than {JSON_DEPTH} "
+                          "levels")
+        if isinstance(value, dict):
+            stack.extend((key, depth) for key in value)
+            stack.extend((item, depth + 1) for item in value.values())
+        else:
+            stack.extend((item, depth + 1) for item in value)
+
+
 async def json_body(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object; problem documents for anything else."""
+    """The body as a JSON object; problem documents for anything else: not JSON (NaN,
+    Infinity, numbers beyond a double), too deep, lone surrogates, too slow to arrive."""
     if request.content_type != "application/json":
         raise Problem(415, "unsupported-media-type", "send the body as application/json")
-    raw = await request.read()
+    timeout = request.app[LIMITS_KEY].body_timeout
     try:
-        body = json.loads(raw)
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise Problem(408, "request-timeout", f"the body did not arrive within {timeout:g} "
+                      "s") from None
+    try:
+        # decode first: json.loads(bytes) would also take UTF-16 and UTF-32
+        body = json.loads(raw.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:
+        raise Problem(400, "invalid-json", f"the body nests deeper than {JSON_DEPTH} "
+                      "levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise Problem(400, "invalid-json", f"body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise Problem(400, "invalid-json", "body must be a JSON object")
+    _check_tree(body)
     return body
+
+
+def check_fields(body: dict[str, Any], allowed: frozenset[str] | set[str]) -> None:
+    unknown = set(body) - allowed
+    if unknown:
+        raise Problem(400, "invalid-field", f"unknown fields: {sorted(unknown)}; this body "
+                      f"takes {sorted(allowed)}")
 
 
 def path_cid(request: web.Request, name: str = "cid") -> CID:
@@ -56,12 +117,20 @@ def query_int(request: web.Request, name: str, default: int | None, low: int, hi
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise Problem(400, "invalid-field", f"{name} must be an integer") from None
+    if not _INTEGER.fullmatch(raw):
+        raise Problem(400, "invalid-field", f"{name} must be an integer in {low}..{high}")
+    value = int(raw)
     if not low <= value <= high:
         raise Problem(400, "invalid-field", f"{name} must be in {low}..{high}")
+    return value
+
+
+def query_choice(request: web.Request, name: str, choices: tuple[str, ...], default: str
+                 ) -> str:
+    """A query parameter that takes one of a few words."""
+    value = request.query.get(name, default)
+    if value not in choices:
+        raise Problem(400, "invalid-field", f"{name} must be one of {', '.join(choices)}")
     return value
 
 

@@ -10,6 +10,7 @@ tail meet with no event lost or repeated.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,8 @@ from aiohttp import web
 from dag import CID, TopicDescriptor
 from pulsar import LogEntry, Node
 
-from .common import MAX_PAGE, json_response, node_of, query_int, topic_of
+from .common import MAX_PAGE, node_of, query_choice, query_int, topic_of
+from .limits import PAGE_BYTES, SEQ_DIGITS
 from .problems import Problem
 from .topics import event_view
 from .views import parse_cid
@@ -31,16 +33,42 @@ HEARTBEAT_S = 15.0
 """An SSE comment line this often keeps proxies and clients from timing the stream out."""
 HEARTBEAT_KEY: web.AppKey[float] = web.AppKey("heartbeat", float)
 NDJSON = "application/x-ndjson"
-_MAX_SEQ = 2**62
+_MAX_SEQ = 2**62  # beyond any position; an exclusive upper bound
+READ_BATCH = 100
+"""Log entries read at a time by a stream (descriptors only; payloads are read per event)."""
+WRITE_CHUNK = 64 * 1024
+"""A stream hands its output to the connection in pieces of about this size; each write
+waits while the connection's send buffer is over its high-water mark, so a reader that
+stalls holds at most that buffer, one piece and one event."""
+SEQ_PATTERN = f"[0-9]{{1,{SEQ_DIGITS}}}"
+SECONDS_PATTERN = r"-?[0-9]{1,20}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,2})?"  # always finite
+_SEQ = re.compile(SEQ_PATTERN)
+_SECONDS = re.compile(SECONDS_PATTERN)
+_RFC3339 = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+                      r"(\.[0-9]+)?([Zz]|[-+][0-9]{2}:[0-9]{2})")
 
 
 def parse_time(value: str, name: str) -> float:
     """Seconds since the epoch: a number, or an RFC 3339 date-time."""
-    try:
+    if _SECONDS.fullmatch(value):  # ASCII, no "nan", "inf" or "1_0" as float() takes
         return float(value)
-    except ValueError:
-        pass
+    match = _RFC3339.fullmatch(value)
+    if match:
+        year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+        zone = match[8].upper().replace("Z", "+00:00")
+        try:
+            # RFC 3339 allows a leap second (:60), which datetime does not.
+            moment = datetime.fromisoformat(f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:"
+                                            f"{minute:02d}:{min(second, 59):02d}{zone}")
+            if second > 60:
+                raise ValueError(second)
+        except ValueError:
+            raise Problem(400, "invalid-field", f"{name} is not a valid calendar date-time"
+                          ) from None
+        return moment.timestamp() + (second == 60) + float("0" + (match[7] or ""))
     try:
+        if not value.isascii():
+            raise ValueError(value)
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise Problem(400, "invalid-field", f"{name} must be seconds since the epoch or an "
@@ -52,11 +80,11 @@ def parse_time(value: str, name: str) -> float:
 
 def parse_cursor(node: Node, topic: CID, value: str, name: str) -> int:
     """A delivery-log position: a sequence number, or the CID of an event in the log."""
-    if value.isdigit():
-        seq = int(value)
-        if seq > _MAX_SEQ:
-            raise Problem(400, "invalid-field", f"{name} is out of range")
-        return seq
+    if value.isascii() and value.isdigit():  # "²".isdigit() is true too, int() disagrees
+        if not _SEQ.fullmatch(value):  # int() of 4,300+ digits raises, and is slow before
+            raise Problem(400, "invalid-field", f"{name} is out of range (at most "
+                          f"{SEQ_DIGITS} digits)")
+        return int(value)
     cid = parse_cid(value, name)
     try:
         return node.log_position(topic, cid)
@@ -79,10 +107,10 @@ async def history(request: web.Request) -> web.StreamResponse:
     pages with ``next_cursor`` while more remain, or NDJSON of any length."""
     node, topic = await _root(request)
     q = request.query
-    direction = q.get("direction", "forward")
-    if direction not in ("forward", "backward"):
-        raise Problem(400, "invalid-field", "direction must be forward or backward")
-    ndjson = q.get("format") == "ndjson" or NDJSON in request.headers.get("Accept", "")
+    direction = query_choice(request, "direction", ("forward", "backward"), "forward")
+    form = query_choice(request, "format", ("json", "ndjson"), "json")
+    ndjson = form == "ndjson" or (
+        "format" not in q and NDJSON in request.headers.get("Accept", ""))
     limit = query_int(request, "limit", None if ndjson else 100, 1,
                       _MAX_SEQ if ndjson else MAX_PAGE)
     low = 0  # exclusive bounds on seq
@@ -103,38 +131,73 @@ async def history(request: web.Request) -> web.StreamResponse:
     assert limit is not None
     entries = node.log_entries(topic.cid, after=low, before=high, limit=limit + 1,
                                descending=backward)
-    more = len(entries) > limit
-    entries = entries[:limit]
-    body: dict[str, Any] = {
-        "topic": str(topic.cid),
-        "events": [await _entry_json(node, e) for e in entries],
-    }
-    if more and entries:
-        body["next_cursor"] = str(entries[-1].seq)
-    return json_response(body)
+    # The page is serialized event by event and stops at PAGE_BYTES, so one answer (and
+    # what it leaves in a stalled reader's send buffer) stays a few MiB however large the
+    # events are; next_cursor then says where to go on.
+    parts: list[str] = []
+    size = 0
+    for entry in entries[:limit]:
+        text = json.dumps(await _entry_json(node, entry))
+        parts.append(text)
+        size += len(text)
+        if size >= PAGE_BYTES:
+            break
+    body = f'{{"topic": {json.dumps(str(topic.cid))}, "events": [{", ".join(parts)}]'
+    if len(entries) > len(parts) and parts:
+        body += f', "next_cursor": "{entries[len(parts) - 1].seq}"'
+    return web.Response(text=body + "}\n", content_type="application/json")
+
+
+class ChunkedWriter:
+    """Output of a stream, handed to the response in pieces of about WRITE_CHUNK bytes."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+        self.pending = bytearray()
+
+    async def add(self, data: bytes) -> None:
+        self.pending += data
+        if len(self.pending) >= WRITE_CHUNK:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self.pending:
+            data = bytes(self.pending)
+            self.pending.clear()
+            await self.response.write(data)  # waits while the send buffer is full
 
 
 async def _ndjson(request: web.Request, node: Node, topic: CID, low: int, high: int,
                   limit: int | None, backward: bool) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
+    try:
+        await _ndjson_lines(response, node, topic, low, high, limit, backward)
+    except ConnectionError:  # the client went away: nothing to finish, nothing to log
+        return response
+    await response.write_eof()
+    return response
+
+
+async def _ndjson_lines(response: web.StreamResponse, node: Node, topic: CID, low: int,
+                        high: int, limit: int | None, backward: bool) -> None:
+    out = ChunkedWriter(response)
     remaining = limit
     while remaining is None or remaining > 0:
-        size = 1000 if remaining is None else min(1000, remaining)
+        size = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
         entries = node.log_entries(topic, after=low, before=high, limit=size,
                                    descending=backward)
         if not entries:
             break
-        lines = [json.dumps(await _entry_json(node, e)) for e in entries]
-        await response.write(("\n".join(lines) + "\n").encode())
+        for entry in entries:
+            await out.add(json.dumps(await _entry_json(node, entry)).encode() + b"\n")
         if backward:
             high = entries[-1].seq
         else:
             low = entries[-1].seq
         if remaining is not None:
             remaining -= len(entries)
-    await response.write_eof()
-    return response
+    await out.flush()
 
 
 def _start_position(node: Node, topic: CID, request: web.Request) -> int:
@@ -146,8 +209,10 @@ def _start_position(node: Node, topic: CID, request: web.Request) -> int:
         return 0
     if start == "latest":
         return node.last_position(topic)
-    if "-" in start or "." in start:  # 2026-11-23T10:00:00Z or 1795000000.0: a time
-        return node.log_position(topic, parse_time(start, "from"))
+    if _SEQ.fullmatch(start):  # a bare integer is a position
+        return parse_cursor(node, topic, start, "from")
+    if _SECONDS.fullmatch(start) or "-" in start or ":" in start:
+        return node.log_position(topic, parse_time(start, "from"))  # 1795000000.0, RFC 3339
     return parse_cursor(node, topic, start, "from")
 
 
@@ -171,7 +236,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     try:
         await _stream_log(response, node, topic.cid, position, heartbeat)
-    except ConnectionResetError:  # the client went away: nothing to finish
+    except ConnectionError:  # the client went away: nothing to finish
         return response
     await response.write_eof()
     return response
@@ -183,15 +248,15 @@ async def _stream_log(response: web.StreamResponse, node: Node, topic: CID, posi
     unsubscribe or node stop. A disconnected client is noticed at the next write (at the
     latest one heartbeat later)."""
     await response.write(b"retry: 1000\n\n")
+    out = ChunkedWriter(response)
     while not node.stopped:
-        entries = node.log_entries(topic, after=position, limit=500)
+        entries = node.log_entries(topic, after=position, limit=READ_BATCH)
         if entries:
-            chunks = []
             for entry in entries:
                 data = json.dumps(await _entry_json(node, entry))
-                chunks.append(f"id: {entry.seq}\nevent: event\ndata: {data}\n\n")
+                await out.add(f"id: {entry.seq}\nevent: event\ndata: {data}\n\n".encode())
                 position = entry.seq
-            await response.write("".join(chunks).encode())
+            await out.flush()
             continue
         if topic not in node.subscribed():
             await response.write(b"event: end\ndata: {\"reason\": \"unsubscribed\"}\n\n")

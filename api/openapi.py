@@ -1,20 +1,38 @@
 """The OpenAPI 3.1 document the node serves at ``/v1/openapi.json``.
 
 Built from small helpers rather than written out as one literal, so each path says only
-what is particular to it; the problem types come from :data:`api.problems.PROBLEM_TYPES`.
+what is particular to it; the problem types come from :data:`api.problems.PROBLEM_TYPES`
+and every limit from :mod:`api.limits`, the same constants the handlers enforce.
+
+It describes what the server accepts as closely as JSON Schema can. What JSON Schema cannot
+say is written in descriptions and checked by the server with a ``400``: a CID's multihash,
+a name's length in UTF-8 *bytes* (``maxLength`` counts characters, so it is the bound for
+ASCII names), the 7 KiB encoded size of a topic descriptor, the calendar validity of a
+date-time, and a JSON body's nesting depth (``x-max-depth``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import limits
+from .history import SECONDS_PATTERN, SEQ_PATTERN
 from .problems import PROBLEM_BASE, PROBLEM_TYPES
 
 __all__ = ["openapi_document"]
 
 _CID = {"type": "string", "pattern": "^b[a-z2-7]+$", "description": "CIDv1, base32"}
-_PEER = {"type": "string", "description": "libp2p peer id, base58btc (12D3KooW...)"}
+_PEER = {"type": "string", "pattern": "^[1-9A-HJ-NP-Za-km-z]+$",
+         "description": "libp2p peer id, base58btc (12D3KooW...)"}
 _NULLABLE_CID = {"oneOf": [_CID, {"type": "null"}]}
+_SEQ = {"type": "string", "pattern": f"^{SEQ_PATTERN}$",
+        "description": f"a delivery-log position, 0..{limits.SEQ_MAX}"}
+_TIME = {"anyOf": [
+    {"type": "string", "pattern": f"^{SECONDS_PATTERN}$",
+     "description": "seconds since the epoch"},
+    {"type": "string", "format": "date-time", "description": "RFC 3339, with a time zone"},
+]}
+_POSITION = {"anyOf": [_SEQ, _CID]}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -33,12 +51,15 @@ _PROBLEM = {
 
 def _op(summary: str, responses: dict[str, Any], *, params: list[Any] | None = None,
         body: dict[str, Any] | None = None, auth: bool = False) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {**responses, "4XX": _PROBLEM}}
+    # 503: the node is stopping, or the connection caps are reached (docs/operations.md).
+    op: dict[str, Any] = {"summary": summary,
+                          "responses": {**responses, "4XX": _PROBLEM, "503": _PROBLEM}}
     if params:
         op["parameters"] = params
     if body is not None:
-        op["requestBody"] = {"required": True,
-                             "content": {"application/json": {"schema": body}}}
+        op["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": body, "x-max-depth": limits.JSON_DEPTH,
+            "x-max-bytes": limits.BODY_BYTES}}}
     if auth:
         op["security"] = [{"bearer": []}]
     return op
@@ -54,17 +75,27 @@ _PATH_CID = _param("cid", "path", _CID, "a topic CID (any version)")
 
 
 def openapi_document() -> dict[str, Any]:
-    rule = {"oneOf": [{"type": "null"}, {"type": "boolean"},
-                      {"type": "array", "items": _PEER, "maxItems": 1000}]}
+    peers = {"type": "array", "items": _PEER, "maxItems": limits.PEERS}
+    rule = {"oneOf": [{"type": "null"}, {"type": "boolean"}, peers]}
+    name_bytes = limits.TOPIC_NAME_BYTES
     topic_settings = {
         "type": "object",
+        "description": f"the encoded topic descriptor must fit {limits.DESCRIPTOR_BYTES} "
+                       "bytes (about 150 peer ids in all, fewer with long names)",
         "properties": {
-            "name": {"type": "string", "minLength": 1, "maxLength": 256},
-            "allowed_publishers": {"oneOf": [{"type": "null"},
-                                             {"type": "array", "items": _PEER}]},
+            "name": {"type": "string", "minLength": 1, "maxLength": name_bytes,
+                     "description": f"1..{name_bytes} bytes in UTF-8"},
+            "allowed_publishers": {"oneOf": [{"type": "null"}, peers]},
             "request_to_publish": rule,
             "event_linking": {"enum": ["LAST_SEEN", "CUSTOM"]},
-            "subtopics": {"type": "object", "additionalProperties": _CID},
+            "subtopics": {
+                "type": "object", "maxProperties": limits.SUBTOPICS,
+                "propertyNames": {"minLength": 1, "maxLength": limits.SUBTOPIC_NAME_BYTES,
+                                  "not": {"const": "meta"}},
+                "additionalProperties": _CID,
+                "description": "name -> topic CID; names of 1.."
+                               f"{limits.SUBTOPIC_NAME_BYTES} bytes, not meta",
+            },
         },
         "additionalProperties": False,
     }
@@ -110,10 +141,16 @@ def openapi_document() -> dict[str, Any]:
         },
         "PublishRequest": {
             "type": "object",
-            "description": "exactly one of json, text, base64",
-            "properties": {"json": {}, "text": {"type": "string"},
-                           "base64": {"type": "string", "contentEncoding": "base64"},
-                           "parent": _CID},
+            "description": f"exactly one of json, text, base64; the payload at most "
+                           f"{limits.PAYLOAD_BYTES} bytes",
+            "properties": {"json": {"description": "any JSON value, published compact"},
+                           "text": {"type": "string"},
+                           "base64": {"type": "string", "contentEncoding": "base64",
+                                      "pattern": "^([A-Za-z0-9+/]{4})*"
+                                                 "([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"},
+                           "parent": _NULLABLE_CID},
+            "oneOf": [{"required": [k]} for k in ("json", "text", "base64")],
+            "additionalProperties": False,
         },
         "Subscription": {"type": "object", "required": ["topic", "position"], "properties": {
             "topic": _CID, "position": {"type": "integer"}}},
@@ -123,13 +160,14 @@ def openapi_document() -> dict[str, Any]:
     }
     history_params = [
         _PATH_CID,
-        _param("cursor", "query", {"type": "string"},
+        _param("cursor", "query", _POSITION,
                "exclusive start: a delivery-log position or an event CID"),
-        _param("since", "query", {"type": "string"}, "delivered at or after (epoch s or "
-               "RFC 3339)"),
-        _param("until", "query", {"type": "string"}, "delivered before (epoch s or RFC 3339)"),
-        _param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 1000},
-               "page size (default 100)"),
+        _param("since", "query", _TIME, "delivered at or after (epoch s or RFC 3339)"),
+        _param("until", "query", _TIME, "delivered before (epoch s or RFC 3339)"),
+        _param("limit", "query", {"type": "integer", "minimum": 1,
+                                  "maximum": limits.PAGE_EVENTS},
+               f"page size (default 100); a page also stops at {limits.PAGE_BYTES} bytes "
+               "of events"),
         _param("direction", "query", {"enum": ["forward", "backward"]}, "paging direction"),
         _param("format", "query", {"enum": ["json", "ndjson"]},
                "ndjson streams the whole range as JSON lines"),
@@ -142,7 +180,8 @@ def openapi_document() -> dict[str, Any]:
         "/v1/topics/{cid}": {
             "get": _op("A topic descriptor", {"200": topic}, params=[_PATH_CID]),
             "patch": _op("Publish a new version of the topic (author only)", {"200": topic},
-                         params=[_PATH_CID], body=topic_settings, auth=True),
+                         params=[_PATH_CID], body={**topic_settings, "minProperties": 1},
+                         auth=True),
         },
         "/v1/topics/{cid}/versions": {"get": _op("Every version, newest first", {
             "200": _json({"type": "object", "properties": {"versions": {
@@ -160,9 +199,10 @@ def openapi_document() -> dict[str, Any]:
             "200": {"description": "an event stream; id: is the delivery-log position",
                     "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
             params=[_PATH_CID,
-                    _param("from", "query", {"type": "string"},
+                    _param("from", "query", {"anyOf": [
+                        {"enum": ["earliest", "latest"]}, _SEQ, _CID, _TIME]},
                            "earliest | latest | a position | an event CID | a time"),
-                    _param("Last-Event-ID", "header", {"type": "string"},
+                    _param("Last-Event-ID", "header", _POSITION,
                            "resume after this position")])},
         "/v1/topics/{cid}/replay": {"get": _op(
             "The topic's history from its CID alone (heads records and a DHT walk)", {
@@ -170,10 +210,10 @@ def openapi_document() -> dict[str, Any]:
                         "content": {"application/x-ndjson": {"schema": _ref("Event")}}},
                 "422": _PROBLEM},
             params=[_PATH_CID,
-                    _param("since", "query", {"type": "string"},
-                           "exclusive: an event CID or a time (created)"),
-                    _param("until", "query", {"type": "string"},
-                           "inclusive: an event CID or a time (created, exclusive)"),
+                    _param("since", "query", {"anyOf": [_CID, _TIME]},
+                           "exclusive: an event CID, or a time the events' created must reach"),
+                    _param("until", "query", {"anyOf": [_CID, _TIME]},
+                           "inclusive: an event CID, or a time the events' created is before"),
                     _param("limit", "query",
                            {"type": "integer", "minimum": 1, "maximum": 1_000_000},
                            "at most this many events")])},
@@ -196,8 +236,8 @@ def openapi_document() -> dict[str, Any]:
             "200": _json({"type": "object"}, "the node")})},
         "/v1/node/routing": {"get": _op("Closest known DHT contacts", {
             "200": _json({"type": "object"}, "contacts")},
-            params=[_param("k", "query", {"type": "integer", "minimum": 1, "maximum": 1000},
-                           "how many")])},
+            params=[_param("k", "query", {"type": "integer", "minimum": 1,
+                                          "maximum": limits.ROUTING_K}, "how many")])},
         "/v1/node/trees": {"get": _op("This node's place in each topic tree", {
             "200": _json({"type": "object"}, "trees")})},
         "/v1/health": {"get": _op("Liveness", {"200": _json({"type": "object"}, "ok"),
@@ -214,6 +254,7 @@ def openapi_document() -> dict[str, Any]:
                  "description": "Create topics, subscribe, publish, replay and stream "
                                 "events of a pulsarcast node. See docs/api.md."},
         "paths": paths,
+        "x-limits": dict(limits.LIMITS),
         "components": {
             "schemas": schemas,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

@@ -33,6 +33,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "not-subscribed": "This node is not subscribed to the topic",
     "publish-refused": "The topic's rules refuse this publication",
     "method-not-allowed": "Method not allowed",
+    "request-timeout": "The request body did not arrive in time",
     "payload-too-large": "The request body is too large",
     "unsupported-media-type": "The body must be application/json",
     "unavailable": "The node is not serving (stopping)",
@@ -91,7 +92,7 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         kind = _HTTP_KINDS.get(exc.status, "bad-request")
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return problem_response(exc.status, kind, exc.reason, headers=headers)
-    except ConnectionResetError:
+    except ConnectionError:  # the client went away (reset, or lost while we waited)
         raise
     except Exception:
         log.exception("%s %s failed", request.method, request.path)

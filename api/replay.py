@@ -17,7 +17,7 @@ from dag import CID
 from pulsar.runtime.replay import ReplayError
 
 from .common import node_of, query_int, topic_of
-from .history import NDJSON, parse_time
+from .history import NDJSON, ChunkedWriter, parse_time
 from .problems import Problem
 from .topics import event_view
 from .views import parse_cid
@@ -30,8 +30,9 @@ _MAX_LIMIT = 1_000_000
 
 
 def _point(value: str, name: str) -> CID | float:
-    """An event CID, or a time (seconds since the epoch or RFC 3339)."""
-    if value[:1].isdigit() and ("-" in value or "." in value or value.isdigit()):
+    """An event CID, or a time (seconds since the epoch or RFC 3339): a CID never starts
+    with a digit or a sign in the bases the API prints, a time always does."""
+    if value[:1] in "-0123456789" and value:
         return parse_time(value, name)
     return parse_cid(value, name)
 
@@ -53,8 +54,12 @@ async def replay(request: web.Request) -> web.StreamResponse:
         raise Problem(422, "replay-too-long", str(exc)) from None
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
-    for start in range(0, len(events), 1000):
-        lines = [json.dumps(await event_view(node, e)) for e in events[start:start + 1000]]
-        await response.write(("\n".join(lines) + "\n").encode())
+    out = ChunkedWriter(response)  # a reader that stalls holds one piece, not the range
+    try:
+        for event in events:
+            await out.add(json.dumps(await event_view(node, event)).encode() + b"\n")
+        await out.flush()
+    except ConnectionError:  # the client went away
+        return response
     await response.write_eof()
     return response

@@ -10,27 +10,40 @@ import json
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pulsar import Node, NodeConfig
 from pulsar.devnet import Devnet
 
+from .limits import ServerLimits
 from .server import ApiServer
 
 __all__ = ["run_devnet", "run_node"]
 
 
-async def _until_signalled() -> None:
+@contextlib.contextmanager
+def _signals() -> Iterator[asyncio.Event]:
+    """An event set by SIGINT or SIGTERM. Enter it before saying the node is ready, so a
+    supervisor that signals as soon as it reads that line gets a clean stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _limits() -> ServerLimits:
+    """The API's connection limits from the environment (docs/operations.md)."""
+    try:
+        return ServerLimits.from_env()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def describe(index: int, node: Node, server: ApiServer) -> dict[str, Any]:
@@ -73,6 +86,7 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
     signalled."""
     if count < 1:
         raise SystemExit("--nodes must be at least 1")
+    limits = _limits()
     with contextlib.ExitStack() as stack:
         if data_dir is None:
             data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="devnet-")))
@@ -87,11 +101,13 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
             await net.start(progress)
             if not as_json:
                 print(file=sys.stderr)
+            stop = stack.enter_context(_signals())
             described = []
             for i, node in enumerate(net.nodes):
                 port = api_base_port + i if api_base_port else 0
                 try:
-                    server = await ApiServer.start(node, host=api_host, port=port)
+                    server = await ApiServer.start(node, host=api_host, port=port,
+                                                   limits=limits)
                 except OSError as exc:
                     raise SystemExit(f"cannot serve the API of node {i} on "
                                      f"{api_host}:{port}: {exc.strerror}") from None
@@ -105,7 +121,7 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
                           f"peer {info['peer_id']}  p2p {info['address']}", flush=True)
             if not as_json:
                 _say(_tour(described[0]))
-            await _until_signalled()
+            await stop.wait()
         finally:
             for server in servers:
                 await server.stop()
@@ -116,21 +132,30 @@ async def run_devnet(count: int, data_dir: Path | None, as_json: bool, base_port
 async def run_node(config: NodeConfig, api_host: str, api_port: int, token: str | None,
                    as_json: bool) -> int:
     """One node with its API, until signalled."""
+    limits = _limits()
     node = await Node.start(config)
     server = None
     try:
-        server = await ApiServer.start(node, host=api_host, port=api_port, token=token)
+        server = await ApiServer.start(node, host=api_host, port=api_port, token=token,
+                                       limits=limits)
         info = describe(0, node, server)
         del info["node"]
-        if as_json:
-            print(json.dumps(info), flush=True)
-        else:
-            print(f"node {info['peer_id']}\n  p2p  {info['address']} (UDP DHT + TCP)\n"
-                  f"  api  {info['url']}\n  token in {config.data_dir / 'api-token'}",
-                  flush=True)
-        await _until_signalled()
+        with _signals() as stop:
+            _announce(info, config, token, as_json)
+            await stop.wait()
     finally:
         if server is not None:
             await server.stop()
         await node.stop()
     return 0
+
+
+def _announce(info: dict[str, Any], config: NodeConfig, token: str | None, as_json: bool
+              ) -> None:
+    if as_json:
+        print(json.dumps(info), flush=True)
+        return
+    where = ("given with --token (not stored)" if token is not None
+             else f"in {config.data_dir / 'api-token'}")
+    print(f"node {info['peer_id']}\n  p2p  {info['address']} (UDP DHT + TCP)\n"
+          f"  api  {info['url']}\n  token {where}", flush=True)

@@ -2,7 +2,8 @@
 
 ``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`,
 :mod:`api.replay` and :mod:`api.node_info`, behind the problem-document and bearer-token
-middlewares, with a request body limit. It binds to 127.0.0.1 unless told otherwise.
+middlewares, with a request body limit, header and body read timeouts and connection caps
+(:class:`api.limits.ServerLimits`). It binds to 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -16,22 +17,26 @@ from pulsar import Node
 
 from . import history, node_info, replay, topics
 from .auth import auth_middleware, load_or_create_token
-from .common import NODE, json_response
+from .common import LIMITS_KEY, NODE, json_response
+from .connections import ConnectionGuard, GuardedSite
+from .limits import BODY_BYTES, ServerLimits
 from .openapi import openapi_document
 from .problems import problem_middleware
 
 __all__ = ["ApiServer", "create_app"]
 
-MAX_BODY = 2 * 1024 * 1024
-"""Largest request body (a 1 MiB payload as base64 fits with room to spare)."""
+MAX_BODY = BODY_BYTES
+LINGER_S = 1.0
 
 
 def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S,
-               max_body: int = MAX_BODY) -> web.Application:
+               max_body: int = MAX_BODY, limits: ServerLimits | None = None
+               ) -> web.Application:
     app = web.Application(
         middlewares=[problem_middleware, auth_middleware(token)], client_max_size=max_body
     )
     app[NODE] = node
+    app[LIMITS_KEY] = limits or ServerLimits()
     app[history.HEARTBEAT_KEY] = heartbeat
     app[node_info.STARTED] = time.time()
     app.add_routes(topics.routes)
@@ -50,31 +55,41 @@ def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S
 class ApiServer:
     """A running REST API for ``node``; ``url`` is where it listens, ``token`` its secret."""
 
-    def __init__(self, runner: web.AppRunner, site: web.TCPSite, token: str) -> None:
+    def __init__(self, runner: web.AppRunner, site: GuardedSite, token: str) -> None:
         self._runner = runner
         self._site = site
         self.token = token
+        self.guard = site.guard
 
     @classmethod
     async def start(cls, node: Node, *, host: str = "127.0.0.1", port: int = 0,
                     token: str | None = None, data_dir: Path | None = None,
-                    heartbeat: float = history.HEARTBEAT_S) -> ApiServer:
-        """``token`` given, or kept in ``data_dir`` (default: the node's data directory)."""
+                    heartbeat: float = history.HEARTBEAT_S, limits: ServerLimits | None = None
+                    ) -> ApiServer:
+        """``token`` given, or kept in ``data_dir`` (default: the node's data directory);
+        ``limits`` default to :meth:`ServerLimits.from_env`."""
         if token is None:
             token = load_or_create_token(data_dir or node.config.data_dir)
-        app = create_app(node, token, heartbeat=heartbeat)
+        limits = limits or ServerLimits.from_env()
+        app = create_app(node, token, heartbeat=heartbeat, limits=limits)
         # Open SSE streams end when the node stops; do not wait a minute for them.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        # keepalive_timeout is also the header timeout: aiohttp arms it when a connection
+        # opens and closes the connection if no complete request head came by then.
+        # lingering_time: after answering a request whose body was not read (a 408, a
+        # 413), how long aiohttp keeps reading and discarding the rest before it closes.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
+                               keepalive_timeout=limits.header_timeout,
+                               lingering_time=LINGER_S)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = GuardedSite(runner, host, port, ConnectionGuard(limits))
         await site.start()
         return cls(runner, site, token)
 
     @property
     def url(self) -> str:
         server = self._site._server
-        assert server is not None and server.sockets  # type: ignore[union-attr]
-        host, port = server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+        assert server is not None and server.sockets  # type: ignore[attr-defined]
+        host, port = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{port}"

@@ -10,7 +10,20 @@ from aiohttp import web
 from dag import CID, EventDescriptor, EventLinking, TopicDescriptor
 from pulsar import EventNotFound, Node, PublishError
 
-from .common import json_body, json_response, node_of, path_cid, topic_of
+from .common import (
+    check_fields,
+    json_body,
+    json_response,
+    node_of,
+    path_cid,
+    topic_of,
+)
+from .limits import (
+    PAYLOAD_BYTES,
+    SUBTOPIC_NAME_BYTES,
+    SUBTOPICS,
+    TOPIC_NAME_BYTES,
+)
 from .problems import Problem
 from .views import event_json, parse_cid, parse_payload, parse_peers, topic_json
 
@@ -18,22 +31,30 @@ __all__ = ["routes"]
 
 routes = web.RouteTableDef()
 
-MAX_PAYLOAD = 1024 * 1024
-"""Largest event payload accepted over HTTP (bigger ones go into chunk trees in the DHT)."""
-_TOPIC_FIELDS = {"name", "allowed_publishers", "request_to_publish", "event_linking",
-                 "subtopics"}
+MAX_PAYLOAD = PAYLOAD_BYTES
+_TOPIC_FIELDS = frozenset({"name", "allowed_publishers", "request_to_publish",
+                           "event_linking", "subtopics"})
+_PUBLISH_FIELDS = frozenset({"json", "text", "base64", "parent"})
+_BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _name(value: Any, what: str, limit: int) -> str:
+    """A name: a string of 1..limit bytes in UTF-8 (lone surrogates were refused with the
+    body)."""
+    if not isinstance(value, str) or not 0 < len(value.encode()) <= limit:
+        raise Problem(400, "invalid-field", f"{what} must be a string of 1..{limit} bytes "
+                      "in UTF-8")
+    return value
 
 
 def _settings(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
-    unknown = set(body) - _TOPIC_FIELDS
-    if unknown:
-        raise Problem(400, "invalid-field", f"unknown fields: {sorted(unknown)}")
+    check_fields(body, _TOPIC_FIELDS)
     settings: dict[str, Any] = {}
     if "name" in body or creating:
-        name = body.get("name")
-        if not isinstance(name, str) or not 0 < len(name.encode()) <= 256:
-            raise Problem(400, "invalid-field", "name must be a string of 1..256 bytes")
-        settings["name"] = name
+        settings["name"] = _name(body.get("name"), "name", TOPIC_NAME_BYTES)
+    if isinstance(body.get("allowed_publishers"), bool):
+        raise Problem(400, "invalid-field", "allowed_publishers takes a list of peer ids "
+                      "(or null for anyone)")
     for field in ("allowed_publishers", "request_to_publish"):
         if field in body:
             rule = parse_peers(body[field], field)
@@ -42,17 +63,20 @@ def _settings(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
     if "event_linking" in body:
         try:
             settings["event_linking"] = EventLinking(body["event_linking"])
-        except ValueError:
+        except (ValueError, TypeError):
             raise Problem(400, "invalid-field", "event_linking must be LAST_SEEN or "
                           "CUSTOM") from None
     if "subtopics" in body:
         subs = body["subtopics"]
-        if not isinstance(subs, dict) or len(subs) > 100:
-            raise Problem(400, "invalid-field", "subtopics must be an object of at most 100 "
-                          "name -> topic CID")
+        if not isinstance(subs, dict) or len(subs) > SUBTOPICS:
+            raise Problem(400, "invalid-field", f"subtopics must be an object of at most "
+                          f"{SUBTOPICS} name -> topic CID")
         if "meta" in subs:
             raise Problem(400, "invalid-field", "the meta sub-topic is made by the node")
-        settings["subtopics"] = {str(k): parse_cid(v, f"subtopics.{k}") for k, v in subs.items()}
+        settings["subtopics"] = {
+            _name(k, "a subtopics name", SUBTOPIC_NAME_BYTES): parse_cid(v, f"subtopics.{k}")
+            for k, v in subs.items()
+        }
     return settings
 
 
@@ -60,9 +84,6 @@ def _settings(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
 async def create_topic(request: web.Request) -> web.Response:
     settings = _settings(await json_body(request), creating=True)
     name = settings.pop("name")
-    if settings.get("allowed_publishers") is True:
-        raise Problem(400, "invalid-field", "allowed_publishers takes a list of peer ids "
-                      "(or null for anyone)")
     try:
         topic = await node_of(request).create_topic(name, **settings)
     except (ValueError, TypeError) as exc:
@@ -109,7 +130,10 @@ def _subscription_json(node: Node, topic: CID) -> dict[str, Any]:
 async def subscribe(request: web.Request) -> web.Response:
     topic = await topic_of(request)
     node = node_of(request)
-    replay = request.query.get("replay", "false").lower() in ("1", "true", "yes")
+    raw = request.query.get("replay", "false").lower()
+    if raw not in _BOOLEAN:
+        raise Problem(400, "invalid-field", "replay must be true or false")
+    replay = _BOOLEAN[raw]
     root = await node.first_version(topic)
     already = root.cid in node.subscribed()
     if not already:
@@ -147,6 +171,7 @@ async def event_view(node: Node, event: EventDescriptor, **position: Any) -> dic
 async def publish(request: web.Request) -> web.Response:
     topic: TopicDescriptor = await topic_of(request)
     body = await json_body(request)
+    check_fields(body, _PUBLISH_FIELDS)
     payload = parse_payload(body, MAX_PAYLOAD)
     parent = body.get("parent")
     parent_cid = None if parent is None else parse_cid(parent, "parent")

@@ -14,6 +14,7 @@ from typing import Any
 from dag import CID, EventDescriptor, PeerId, TopicDescriptor
 from dag.errors import InvalidCID
 
+from .limits import PEERS
 from .problems import Problem
 
 __all__ = [
@@ -38,9 +39,9 @@ def parse_peers(value: Any, field: str) -> list[PeerId] | bool | None:
     """A publishing rule as clients write it: null (default), true/false, or peer ids."""
     if value is None or isinstance(value, bool):
         return value
-    if not isinstance(value, list) or len(value) > 1000:
+    if not isinstance(value, list) or len(value) > PEERS:
         raise Problem(400, "invalid-field", f"{field} must be null, a boolean or a list of "
-                      "at most 1000 peer ids")
+                      f"at most {PEERS} peer ids")
     peers = []
     for item in value:
         try:

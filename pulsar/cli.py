@@ -160,6 +160,13 @@ def _node(args: argparse.Namespace) -> int:
     from .config import NodeConfig
 
     settings = _node_settings(args)
+    if settings["token"] is not None:
+        from api.auth import check_token
+
+        try:
+            check_token(settings["token"])
+        except ValueError as exc:
+            raise SystemExit(f"--token: {exc}") from None
     bootstrap = tuple(_host_port(str(b)) for b in settings["bootstrap"])
     try:
         config = NodeConfig(data_dir=Path(settings["data_dir"]), host=settings["host"],

@@ -91,3 +91,19 @@ async def test_node_command_refuses_a_bad_config(tmp_path: Path) -> None:
     )
     _, err = await done.communicate()
     assert done.returncode != 0 and b"unknown settings ['colour']" in err
+
+
+async def test_node_command_with_a_token_does_not_point_at_a_token_file(tmp_path: Path
+                                                                        ) -> None:
+    data = tmp_path / "data"
+    async with _cli("node", "--data-dir", str(data), "--port", "0", "--api-port", "0",
+                    "--token", "given-token-0123456789", stop=signal.SIGTERM) as process:
+        assert process.stdout is not None
+        lines = []
+        async with asyncio.timeout(30):
+            while not any(line.startswith("  token") for line in lines):
+                line = (await process.stdout.readline()).decode()
+                assert line, (await process.stderr.read()).decode()  # type: ignore[union-attr]
+                lines.append(line)
+    assert "  token given with --token (not stored)\n" in lines
+    assert not (data / "api-token").exists()
