@@ -675,7 +675,8 @@ class Node:
                 case ev.CommandFailed():
                     future = self._waiting.get(out.request)
                     if future is not None and not future.done():
-                        future.set_exception(PublishError(out.reason))
+                        error = ValueError if out.invalid else PublishError
+                        future.set_exception(error(out.reason))
                 case ev.Rejected():
                     self.rejections += 1
                     log.warning("rejected input from %s: %s", out.peer, out.reason)

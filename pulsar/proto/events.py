@@ -313,10 +313,13 @@ class TopicReady:
 
 @dataclass(frozen=True, slots=True)
 class CommandFailed:
-    """The command ``request`` failed; ``reason`` says why in words for the caller."""
+    """The command ``request`` failed; ``reason`` says why in words for the caller.
+    ``invalid``: the command itself was malformed (settings the schema refuses), as
+    opposed to refused by the topic's rules or the network."""
 
     request: int
     reason: str
+    invalid: bool = False
 
 
 @dataclass(frozen=True, slots=True)
