@@ -10,6 +10,7 @@ from dht import DhtConfig
 from .net.config import TransportConfig
 from .net.faults import FaultInjector
 from .proto.core import CoreConfig
+from .runtime.peer_faults import FaultConfig
 from .runtime.trace import Tracer
 
 __all__ = ["PROTOCOLS", "NodeConfig"]
@@ -44,6 +45,8 @@ class NodeConfig:
     with; no trees, repair or persistence in the DHT)."""
     tracer: Tracer | None = field(default=None, compare=False)
     """Hooks told about every frame, delivery and publish (the testbed's traces)."""
+    peer_faults: FaultConfig = field(default_factory=FaultConfig)
+    """Misbehaviour scores, bans and the rate of fault log lines."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))

@@ -44,6 +44,7 @@ from .proto.core import PulsarCore, TreeView
 from .proto.floodsub import FloodCore
 from .proto.messages import MessageError, decode_message, encode_message
 from .proto.timers import Timer
+from .runtime.peer_faults import PeerFaults
 from .runtime.replay import replay_history
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
@@ -120,6 +121,8 @@ class Node:
         self._stopped = False
         self._log_grew: dict[CID, asyncio.Event] = {}
         self.rejections = 0
+        self.ignored_frames = 0
+        self._faults = PeerFaults(config.peer_faults)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,7 +251,8 @@ class Node:
     def metrics(self) -> dict[str, int]:
         """Counters of the core, the repair layers and this runtime (for the API and tests):
         delivered, duplicates, grafts, prunes, backfilled, gaps_open, gaps_reported, ..."""
-        return {**self.core.counters(), "rejected_frames": self.rejections}
+        return {**self.core.counters(), "rejected_frames": self.rejections,
+                "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames}
 
     # ------------------------------------------------------------------ topics
 
@@ -614,15 +618,27 @@ class Node:
     # ------------------------------------------------------------------ I/O callbacks
 
     def _on_frame(self, peer: PeerId, frame: bytes) -> None:
+        if self._faults.banned(peer, time.monotonic()):
+            self.ignored_frames += 1
+            return
         try:
             message = decode_message(frame)
         except MessageError as exc:
             self.rejections += 1
-            log.warning("dropped a malformed message from %s: %s", peer, exc)
+            self._fault(peer, "malformed", str(exc))
             return
         if self._trace is not None:
             self._trace.received(peer, message, len(frame))
         self._apply(self.core.handle(ev.Received(peer, message), time.time()))
+
+    def _fault(self, peer: PeerId, kind: str, detail: str) -> None:
+        """A peer's fault: a summary line at most every ``log_interval``, and past the ban
+        score a disconnect, its frames ignored until the ban ends."""
+        verdict = self._faults.fault(peer, kind, detail, time.monotonic())
+        if verdict.log is not None:
+            log.warning("%s", verdict.log)
+        if verdict.ban and not self._stopped:
+            self._spawn(self.transport.disconnect(peer))
 
     def _on_peer_up(self, peer: PeerId, address: tuple[str, int]) -> None:
         host, port = address
@@ -679,7 +695,10 @@ class Node:
                         future.set_exception(error(out.reason))
                 case ev.Rejected():
                     self.rejections += 1
-                    log.warning("rejected input from %s: %s", out.peer, out.reason)
+                    if out.peer is None:
+                        log.warning("rejected input: %s", out.reason)
+                    else:
+                        self._fault(out.peer, "rejected", out.reason)
                 case ev.GapReported():
                     log.warning(
                         "topic %s: delivery went on without %s (%s, %d events released)",
