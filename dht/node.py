@@ -191,15 +191,18 @@ class DhtNode:
         (result,) = await self.put_many([block], codec=codec)
         return result.cid
 
-    async def put_many(self, blocks: Iterable[bytes], *, codec: int = DAG_CBOR
-                       ) -> list[PutResult]:
+    async def put_many(self, blocks: Iterable[bytes], *, codec: int = DAG_CBOR,
+                       quorum: int | None = None) -> list[PutResult]:
         """Store many blocks, pipelined (``put_concurrency`` keys in flight, small blocks
-        batched per datagram). Each is stored here first, so it is served at once."""
+        batched per datagram). Each is stored here first, so it is served at once. With
+        ``quorum``, each block's put returns once that many of its k closest nodes
+        acknowledged (``acks`` counts those); the other replicas are written in the
+        background. Without, it waits for every replica."""
         items = []
         for block in blocks:
             check_block_size(block)
             items.append((_cid_for(block, codec), block))
-        return await self._put_blocks(items)
+        return await self._put_blocks(items, quorum)
 
     async def put_large(self, payload: bytes) -> CID:
         """Store a payload of any size (up to ``dag.chunks.MAX_PAYLOAD_SIZE``) as a chunk
@@ -208,11 +211,12 @@ class DhtNode:
         await self._put_blocks(blocks)
         return root
 
-    async def _put_blocks(self, items: Sequence[tuple[CID, bytes]]) -> list[PutResult]:
+    async def _put_blocks(self, items: Sequence[tuple[CID, bytes]],
+                          quorum: int | None = None) -> list[PutResult]:
         self._check_running()
         records = [(dht_key(cid), block) for cid, block in items]
         self._storage.offer_many(records)
-        replicated = await self._replicator.replicate_many(records)
+        replicated = await self._replicator.replicate_many(records, quorum)
         return [PutResult(cid, r.acks, r.targets)
                 for (cid, _), r in zip(items, replicated, strict=True)]
 

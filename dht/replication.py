@@ -69,22 +69,31 @@ Report = Callable[[bool], None]
 
 
 class _Tally:
-    """The acknowledgements of one key's stores; resolves once every target has answered.
+    """The acknowledgements of one key's stores; resolves once every target has answered,
+    and ``quorum`` (if any) as soon as that many acknowledged (or all answered).
 
     One of these per key, instead of a future per (key, node) pair and a ``gather`` over
     them, is what keeps the publisher's per-replica bookkeeping at a few attribute updates.
     """
 
-    __slots__ = ("acks", "future", "waiting")
+    __slots__ = ("acks", "future", "needed", "quorum", "waiting")
 
-    def __init__(self, future: asyncio.Future[int], waiting: int) -> None:
+    def __init__(self, future: asyncio.Future[int], waiting: int,
+                 quorum: asyncio.Future[int] | None = None, needed: int = 0) -> None:
         self.future = future
         self.waiting = waiting
         self.acks = 0
+        self.quorum = quorum
+        self.needed = needed
 
     def __call__(self, ok: bool) -> None:
         self.acks += ok
         self.waiting -= 1
+        quorum = self.quorum
+        if quorum is not None and not quorum.done() and (
+            self.acks >= self.needed or self.waiting == 0
+        ):
+            quorum.set_result(self.acks)
         if self.waiting == 0 and not self.future.done():
             self.future.set_result(self.acks)
 
@@ -141,14 +150,23 @@ class StoreBatcher:
     def store_all(self, nodes: list[Node], key: bytes, value: bytes) -> asyncio.Future[int]:
         """Queue a store of one record at each of ``nodes``; the future gives how many
         acknowledged."""
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        return self.store_quorum(nodes, key, value, len(nodes))[1]
+
+    def store_quorum(self, nodes: list[Node], key: bytes, value: bytes, needed: int
+                     ) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
+        """Like :meth:`store_all`, with a second future that resolves as soon as
+        ``needed`` nodes acknowledged (or all answered): ``(quorum, all)``."""
+        loop = asyncio.get_running_loop()
+        everyone: asyncio.Future[int] = loop.create_future()
+        quorum: asyncio.Future[int] = loop.create_future()
         if not nodes:
-            future.set_result(0)
-            return future
-        tally = _Tally(future, len(nodes))
+            everyone.set_result(0)
+            quorum.set_result(0)
+            return quorum, everyone
+        tally = _Tally(everyone, len(nodes), quorum, max(1, needed))
         for node in nodes:
             self._queue(node, (key, value, tally))
-        return future
+        return quorum, everyone
 
     def _queue(self, node: Node, item: Item) -> None:
         dest = self._destinations.get(node.id)
@@ -259,14 +277,32 @@ class Replicator:
         self._cache = cache
         self.batcher = StoreBatcher(protocol, cache)
 
-    async def replicate(self, key: bytes, value: bytes) -> Replicated:
+    async def replicate(self, key: bytes, value: bytes, quorum: int | None = None
+                        ) -> Replicated:
+        """Store at the k closest nodes. With ``quorum``, return as soon as that many
+        acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
+        in ``stats.background_acks`` / ``background_stores``."""
         config = self._config
         targets = await find_closest(self._protocol, key, ksize=config.ksize,
                                      alpha=config.alpha, stats=self._stats, cache=self._cache)
-        acks = await self.batcher.store_all(targets, key, value)
+        if quorum is None:
+            acks = await self.batcher.store_all(targets, key, value)
+            return Replicated(acks, len(targets), self._we_are_close(key, targets))
+        early, everyone = self.batcher.store_quorum(targets, key, value, quorum)
+        acks = await early
+        if not everyone.done():
+            self._stats.background_stores += 1
+            everyone.add_done_callback(self._count_background(acks))
         return Replicated(acks, len(targets), self._we_are_close(key, targets))
 
-    async def replicate_many(self, items: Sequence[tuple[bytes, bytes]]) -> list[Replicated]:
+    def _count_background(self, early: int) -> Callable[[asyncio.Future[int]], None]:
+        def done(everyone: asyncio.Future[int]) -> None:
+            if not everyone.cancelled():
+                self._stats.background_acks += everyone.result() - early
+        return done
+
+    async def replicate_many(self, items: Sequence[tuple[bytes, bytes]],
+                             quorum: int | None = None) -> list[Replicated]:
         """Replicate every item with at most ``put_concurrency`` keys in flight; results
         in input order."""
         results: list[Replicated | None] = [None] * len(items)
@@ -274,7 +310,7 @@ class Replicator:
 
         async def worker() -> None:
             for i in position:
-                results[i] = await self.replicate(*items[i])
+                results[i] = await self.replicate(*items[i], quorum=quorum)
 
         workers = min(self._config.put_concurrency, len(items))
         await asyncio.gather(*(worker() for _ in range(workers)))

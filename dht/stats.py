@@ -36,6 +36,10 @@ class DhtStats:
     """UDP payload bytes of every datagram received, dropped ones included."""
     handed_off: int = 0
     """Records pushed to newly met nodes that are closer to them than we are."""
+    background_stores: int = 0
+    """Puts that returned at their write quorum while other replicas were still storing."""
+    background_acks: int = 0
+    """Acknowledgements that came after such a put had returned."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -45,6 +45,10 @@ class NodeConfig:
     with; no trees, repair or persistence in the DHT)."""
     tracer: Tracer | None = field(default=None, compare=False)
     """Hooks told about every frame, delivery and publish (the testbed's traces)."""
+    wait_all_replicas: bool = False
+    """Publish only once every one of the k closest DHT nodes answered the store, instead
+    of at the write quorum (``core.min_acks`` acknowledgements, the rest in the
+    background)."""
     peer_faults: FaultConfig = field(default_factory=FaultConfig)
     """Misbehaviour scores, bans and the rate of fault log lines."""
 

@@ -801,8 +801,11 @@ class Node:
 
     async def _store_in_dht(self, cid: CID, block: bytes) -> None:
         acks = 0
+        # The write quorum (Kafka's acks): the core needs min_acks to count the block as
+        # persisted, so the put returns then and the other replicas are written behind.
+        quorum = None if self.config.wait_all_replicas else max(1, self.config.core.min_acks)
         try:
-            results = await self.dht.put_many([block])
+            results = await self.dht.put_many([block], quorum=quorum)
             acks = results[0].acks if results else 0
         except Exception as exc:  # the block is stored locally; peers can still fetch it
             log.warning("DHT store of %s failed: %s", cid, exc)

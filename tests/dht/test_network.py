@@ -182,3 +182,17 @@ async def test_the_kademlia_id_is_the_sha1_of_the_peer_id(network: Network) -> N
     node = await network.add(identity=identity)
     assert node.node_id == identity.peer_id.kademlia_id()
     assert node.peer_id == identity.peer_id
+
+
+async def test_a_put_with_a_quorum_returns_at_it_and_the_rest_follow(network: Network) -> None:
+    nodes = await network.grow(6)
+    writer = nodes[2]
+    results = await writer.put_many([block(f"quorum {i}") for i in range(20)], quorum=2)
+    assert all(r.targets == 5 and 2 <= r.acks <= 5 for r in results)
+    # Every replica is written all the same, behind the returned puts.
+    for r in results:
+        await eventually(lambda r=r: sum(n.records.get(dht_key(r.cid)) is not None
+                                         for n in nodes if n is not writer) == 5)
+    # ... and counted: every acknowledgement that came after its put returned.
+    assert writer.stats.background_stores == sum(1 for r in results if r.acks < 5)
+    await eventually(lambda: writer.stats.background_acks == sum(5 - r.acks for r in results))

@@ -28,7 +28,7 @@ def test_faults_are_summarised_once_per_interval() -> None:
 def test_the_score_decays_and_a_ban_ends() -> None:
     config = FaultConfig(ban_score=10.0, half_life=1.0, ban_for=5.0)
     faults = PeerFaults(config)
-    for i in range(9):
+    for _ in range(9):
         assert not faults.fault(PEER, "malformed", "x", 0.0).ban
     assert faults.score(PEER, 1.0) == pytest.approx(4.5)  # halved after one half-life
     assert not faults.fault(PEER, "malformed", "x", 1.0).ban  # 5.5: decayed below the bar
