@@ -266,6 +266,7 @@ class DhtNode:
         :class:`~dht.errors.PeerIdMismatch` if it contradicts ``expected_node_id``."""
         node_id = self.peers.record_proof(peer_id, host, port, time.time(),
                                           expected_node_id=expected_node_id)
+        self._protocol.note_proven((host, port), node_id)  # a handshake is a round trip
         self._protocol.welcome_if_new(Node(node_id, host, port))
         return self.peers.contact(node_id, host, port)
 
