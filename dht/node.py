@@ -66,6 +66,8 @@ class DhtNode:
                                       server.stats)
         self._prover: PeerProver | None = None
         self._stopped = False
+        self._identify_tried: dict[tuple[str, int], float] = {}
+        self._protocol.on_over_quota = self._prove_heavy_source
 
     @classmethod
     async def start(
@@ -286,6 +288,32 @@ class DhtNode:
         self.record_proof(peer_id, contact.host, contact.port,
                           expected_node_id=contact.node_id)
         return peer_id
+
+    def _prove_heavy_source(self, node_id: bytes, address: tuple[str, int]) -> None:
+        """A source that is not a proven peer used up its byte quota (``dht.quota``). A
+        pulsarcast publisher storing its events is one: if a prover is plugged in, ask it
+        to prove its identity (the transport handshake, as :meth:`identify` does); once
+        proven it has ``peer_store_quota``. At most once per address per quota window."""
+        if self._prover is None or self._stopped:
+            return
+        now = time.monotonic()
+        tried = self._identify_tried.get(address)
+        if tried is not None and now - tried < self._config.store_quota_window:
+            return
+        if len(self._identify_tried) >= 4096:
+            self._identify_tried.clear()
+        self._identify_tried[address] = now
+        self._protocol.spawn(self._identify_quietly(Contact(node_id, *address)))
+
+    async def _identify_quietly(self, contact: Contact) -> None:
+        try:
+            peer_id = await self.identify(contact)
+        except Exception as exc:  # an unreachable or lying source keeps the small quota
+            log.info("%s:%d used up its DHT store quota and did not prove an identity: %s",
+                     contact.host, contact.port, exc)
+        else:
+            log.info("%s:%d proved to be %s: its DHT store quota is now a peer's",
+                     contact.host, contact.port, peer_id)
 
     # -- upkeep ---------------------------------------------------------------------------
 

@@ -140,6 +140,9 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self.book = book
         self.stats = stats
         self.on_new_contact: Callable[[Node], None] | None = None
+        self.on_over_quota: Callable[[bytes, Address], None] | None = None
+        """Told ``(node id, address)`` when a source that is not a proven peer used up its
+        byte quota (``DhtNode`` then asks the transport to prove who it is)."""
         self._pending: dict[bytes, _Pending] = {}
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
         self._batching: set[Address] = set()  # addresses that have answered a STORE_BATCH
@@ -516,6 +519,9 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             refusal = self._quota.admit(address, len(value), now, peer=peer)
             if refusal is Refusal.SOURCE:
                 self.stats.stores_over_source_quota += 1
+                if not peer and self.on_over_quota is not None:
+                    self.on_over_quota(node_id, address)
+                    peer = True  # once per request is enough
             elif refusal is Refusal.TOTAL:
                 self.stats.stores_over_byte_cap += 1
             flags.append(refusal is None)

@@ -208,3 +208,30 @@ async def test_a_proven_record_is_served_to_a_local_put_of_many_nodes(network: N
         assert await node.get(cid) == b"\x41" + b"ok" * 100
     assert sum(n.stats.requests_unvalidated_dropped for n in nodes) == 0
 
+
+
+async def test_a_source_over_its_quota_is_asked_to_prove_itself(
+        network: Network, raw_peer: RawPeer) -> None:
+    """A pulsarcast publisher is an unproven source to most DHT nodes holding its blocks;
+    when it runs out of the small quota, the node has the transport prove who it is."""
+    config = DhtConfig(rpc_timeout=1.0, maintenance_interval=3600,
+                       source_store_quota=2048, peer_store_quota=64 * 1024)
+    node = await network.add(config=config)
+    identity = Identity.generate()
+    raw_peer.node_id = identity.peer_id.kademlia_id()
+    dialled: list[tuple[str, int]] = []
+
+    async def prover(host: str, port: int):
+        dialled.append((host, port))
+        return identity.peer_id
+
+    node.set_prover(prover)
+    await raw_peer.introduce(node.address)
+    first = [await raw_peer.call(node.address, "store", raw_peer.node_id, *raw_block(1024))
+             for _ in range(3)]
+    assert first == [True, True, False]
+    await eventually(lambda: len(dialled) == 1)
+    more = [await raw_peer.call(node.address, "store", raw_peer.node_id, *raw_block(1024))
+            for _ in range(5)]
+    assert more == [True] * 5
+    assert len(dialled) == 1
