@@ -13,7 +13,7 @@ they validate without knowing about any of this.
 The rules, as one table (state of an address -> what its requests get):
 
 =============  =========================================================================
-unknown        PING and STUN are answered (answers smaller than the request); any other
+unknown        PING is answered (its answer is smaller than the request); any other
                request is *held* and one validation PING is sent to the address
 validating     requests are held (at most ``max_held`` per address, ``max_held_bytes``
                in all; beyond that they are dropped silently)
@@ -24,8 +24,8 @@ failed         (the validation PING went unanswered) held requests are dropped; 
                gets at most one small datagram per address per ``retry_after``
 =============  =========================================================================
 
-Bytes sent to an address that never answers are thus one answer per PING/STUN (smaller than
-the request) plus one validation PING (about the size of a request) per ``retry_after``:
+Bytes sent to an address that never answers are thus one answer per PING (smaller than
+the PING) plus one validation PING (about the size of a request) per ``retry_after``:
 under 3x what it was sent, whatever the requests were. Contacts only enter the routing table
 from proven addresses, so hand-offs (:mod:`dht.maintenance`), bucket pings and lookups only
 ever reach addresses that answered us.

@@ -9,8 +9,8 @@ What changes against the package, and why:
   them. Handlers are synchronous (SQLite is local), so a request is answered without creating
   any task at all; a STORE is answered from a callback once its group commit is done.
 * **Address validation** (:mod:`dht.address_check`): a request from an address that has not
-  answered one of our RPCs is held (only PING and STUN, whose answers are smaller than the
-  request, are answered at once) and one validation PING goes there; the held requests are
+  answered one of our RPCs is held (only PING, whose answer is smaller than the request, is
+  answered at once) and one validation PING goes there; the held requests are
   served when it answers. Contacts join the routing table only from proven addresses, and
   from requests only under the node id the address itself answered with, so neither
   answers nor hand-offs can be aimed at a forged source.
@@ -82,9 +82,10 @@ Address = tuple[str, int]
 _MAX_SILENT = 10_000
 """Quarantined addresses remembered at most (a flood of dead contacts stays bounded)."""
 
-_UNVALIDATED_OK = frozenset({"ping", "stun"})
-"""Requests answered before the sender's address is proven: their answers are smaller than
-the requests, so they amplify nothing."""
+_UNVALIDATED_OK = frozenset({"ping"})
+"""Requests answered before the sender's address is proven: a PING's answer (43 bytes) is smaller
+than the PING (50), so it amplifies nothing. (STUN, whose answer is the sender's address,
+waits like the others.)"""
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 
 async def test_abuse_bench_figures() -> None:
     figures = await bench_abuse(events=2, payload_kb=16, junk_mb=9.0, stall_seconds=1.0,
+                                reflection_seconds=6.0,
                                 latency_requests=20)
     assert figures["rest_battery"] == len(REST_BATTERY)
     for name in ("rest_5xx", "rest_bad_accepted", "stalled_readers_mem_mb",
