@@ -461,19 +461,19 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
     def rpc_store(self, sender: Address, node_id: bytes, key: bytes, value: object
                   ) -> bool | _StoreReply:
         self._sender(sender, node_id)
-        flags = self._store_items(sender, node_id, [(key, value)])
+        flags = self._store_items(sender, node_id, [(key, value)], single=True)
         return flags if isinstance(flags, _StoreReply) else flags[0]
 
     def rpc_store_batch(self, sender: Address, node_id: bytes,
                         items: list[tuple[bytes, object]]) -> list[bool] | _StoreReply:
         self._sender(sender, node_id)
-        return self._store_items(sender, node_id, items)
+        return self._store_items(sender, node_id, items, single=False)
 
-    def _store_items(self, sender: Address, node_id: bytes,
-                     items: list[tuple[bytes, object]]) -> list[bool] | _StoreReply:
+    def _store_items(self, sender: Address, node_id: bytes, items: list[tuple[bytes, object]],
+                     *, single: bool) -> list[bool] | _StoreReply:
         """Rate limits, then quotas, then the storage's own checks (verification, record
-        count); refused values are answered False."""
-        single = len(items) == 1
+        count); refused values are answered False (a STORE with a bool, a STORE_BATCH with
+        one flag per value, however many values it has)."""
         if not self._allow_stores(sender, items):
             return [False] * len(items)
         admitted = self._admit(sender, node_id, items)

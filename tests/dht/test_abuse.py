@@ -235,3 +235,17 @@ async def test_a_source_over_its_quota_is_asked_to_prove_itself(
             for _ in range(5)]
     assert more == [True] * 5
     assert len(dialled) == 1
+
+
+async def test_a_one_value_store_batch_is_still_answered_with_a_list(
+        network: Network, raw_peer: RawPeer) -> None:
+    """(A regression of this work: the publisher read a bare flag as a garbled answer.)"""
+    config = DhtConfig(rpc_timeout=1.0, maintenance_interval=3600, source_store_quota=100)
+    node = await network.add(config=config)
+    await raw_peer.introduce(node.address)
+    key, value = raw_block(50)
+    assert await raw_peer.call(node.address, "store_batch", raw_peer.node_id,
+                               [[key, value]]) == [True]
+    key, value = raw_block(80)  # over the quota
+    assert await raw_peer.call(node.address, "store_batch", raw_peer.node_id,
+                               [[key, value]]) == [False]
