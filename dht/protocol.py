@@ -508,11 +508,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
     def _admit(self, sender: Address, node_id: bytes, items: list[tuple[bytes, object]]
                ) -> list[bool]:
         """Charge new keys to the sender's byte quota and the node's byte cap. Keys held
-        already (a refresh) and values the storage will refuse anyway cost nothing here."""
+        already (a refresh) cost nothing; values that are not bytes are left to the
+        storage to refuse; values that will fail verification are charged (to the sender's
+        own budget, which is all they can waste)."""
         now = time.monotonic()
         address = (sender[0], sender[1])
         peer = self.book.proven_peer_id(node_id, address[0], address[1]) is not None
         flags: list[bool] = []
+        asked = False
         for key, value in items:
             if not isinstance(value, bytes) or key in self.storage:
                 flags.append(True)
@@ -520,9 +523,9 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             refusal = self._quota.admit(address, len(value), now, peer=peer)
             if refusal is Refusal.SOURCE:
                 self.stats.stores_over_source_quota += 1
-                if not peer and self.on_over_quota is not None:
+                if not peer and not asked and self.on_over_quota is not None:
                     self.on_over_quota(node_id, address)
-                    peer = True  # once per request is enough
+                    asked = True
             elif refusal is Refusal.TOTAL:
                 self.stats.stores_over_byte_cap += 1
             flags.append(refusal is None)

@@ -16,6 +16,7 @@ import umsgpack
 from dag.cid import cid_of_raw
 from dag.identity import Identity
 from dht import DhtConfig, dht_key
+from dht.ratelimit import KeyedLimiter
 from tests.waiting import eventually
 
 from .conftest import Network, RawPeer, stock_address
@@ -138,23 +139,29 @@ async def test_the_default_quota_holds_against_a_flood_of_8_kib_blocks(
     for _ in range(12):  # 12 x 128 blocks x 8,000 bytes = 12.3 MB, paced under the rate limit
         batch = [raw_block(8000) for _ in range(128)]
         await asyncio.gather(*(raw_peer.call(node.address, "store", raw_peer.node_id, k, v,
-                                             timeout=5) for k, v in batch))
+                                             timeout=5) for k, v in batch),
+                             return_exceptions=True)  # a loaded machine may drop some
         sent += len(batch)
         await asyncio.sleep(0.25)
     assert node.records.stored_bytes() <= QUICK.source_store_quota
     assert node.stats.stores_over_source_quota + node.stats.stores_rate_limited > 0
 
 
-async def test_the_default_rate_limit_engages_on_a_burst(
-        network: Network, raw_peer: RawPeer) -> None:
-    """Before, the burst allowance was 20,000 values: the 20,000-block flood never hit it."""
-    node = await network.add(config=QUICK)
-    await raw_peer.introduce(node.address)
-    answers = [raw_peer.request(node.address, "store", raw_peer.node_id, *raw_block(16))
-               for _ in range(6000)]
-    done = await asyncio.wait_for(asyncio.gather(*answers), 20)
-    assert node.stats.stores_rate_limited > 0
-    assert done.count(False) == node.stats.stores_rate_limited
+def test_the_default_rate_limits_engage_on_the_measured_flood() -> None:
+    """Before, the burst allowance was 20,000 values refilled at 5,000/s: the measured flood
+    (20,000 blocks of 8 KB from one source) fitted inside it. Replayed against the default
+    limits with explicit clocks, at 5,000 values/s (a loopback sender manages more)."""
+    config = DhtConfig()
+    values = KeyedLimiter(config.store_rate, config.store_burst, config.global_store_rate,
+                          config.global_store_burst)
+    size = KeyedLimiter(config.store_byte_rate, config.store_byte_burst,
+                        config.global_store_byte_rate, config.global_store_byte_burst)
+    source = ("10.0.0.1", 4000)
+    allowed = sum(1 for i in range(20_000)
+                  if values.allow(source, 1, i / 5000) and size.allow(source, 8000, i / 5000))
+    # 8 MiB burst + 4 MiB/s over the 4 s of the flood, in 8 KB values
+    assert allowed < (8 + 4 * 4) * 1024 * 1024 / 8000 + 10
+    assert allowed < 20_000 // 4
 
 
 async def test_the_total_byte_cap_holds_and_own_puts_are_kept(
