@@ -212,6 +212,7 @@ class DhtNode:
         self._check_running()
         records = [(dht_key(cid), block) for cid, block in items]
         self._storage.offer_many(records)
+        self._protocol.note_local_bytes(sum(len(block) for _, block in records))
         replicated = await self._replicator.replicate_many(records)
         return [PutResult(cid, r.acks, r.targets)
                 for (cid, _), r in zip(items, replicated, strict=True)]

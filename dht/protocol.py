@@ -237,6 +237,11 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if isinstance(data, bytes) and len(data) == len(self.source_node.id):
             self.welcome_if_new(Node(data, address[0], address[1]))
 
+    def note_local_bytes(self, size: int) -> None:
+        """This node stored ``size`` bytes of its own records (they count toward
+        ``max_bytes``, and are never refused)."""
+        self._quota.added_locally(size)
+
     def note_proven(self, address: Address, node_id: bytes) -> None:
         """Another channel (the transport's handshake) proved ``node_id`` at ``address``."""
         for request in self._check.prove((address[0], address[1]), time.monotonic(), node_id):

@@ -13,7 +13,8 @@ hold costs nothing: that is how replicas are refreshed):
   at start and kept as an over-estimate (every admitted new key adds its size; expiry
   is not subtracted until the estimate reaches the cap, when it is re-counted exactly).
 
-The node's own puts are not charged (they are ours to keep), but count toward the total.
+The node's own puts are never refused (they are ours to keep) but count toward the total
+(:meth:`StoreQuota.added_locally`), so the estimate stays an over-estimate.
 Sources are whole ``(host, port)`` addresses; what that leaves open is written in
 ``docs/operations.md`` (DHT security).
 
@@ -84,7 +85,3 @@ class StoreQuota:
     def added_locally(self, size: int) -> None:
         """The node stored ``size`` bytes of its own: counts toward the total only."""
         self._total += size
-
-    def recount(self) -> None:
-        """Re-read the stored byte count (after expiry, say)."""
-        self._total = self._measure()

@@ -76,3 +76,11 @@ def test_quota_per_source_window_and_total() -> None:
     stored[0] = 100  # ... until expiry freed space: the estimate is re-counted
     assert quota.admit(("10.0.0.3", 1), 60, 62.0) is None
     assert quota.total_bytes == 160
+
+
+def test_own_puts_count_toward_the_total() -> None:
+    quota = StoreQuota(source_quota=1000, peer_quota=1000, window=60.0, max_bytes=500,
+                       measure=lambda: 450)  # the database agrees with the estimate
+    quota.added_locally(450)  # (starts at 450 measured, so now 900: over-estimated)
+    assert quota.admit(A, 60, 0.0) is Refusal.TOTAL  # re-counted: 450 + 60 > 500
+    assert quota.admit(A, 50, 0.0) is None
