@@ -118,7 +118,17 @@ class _LiveNode:
 
     def sync(self) -> None:
         """PING and wait for the answer, answering the node's own PINGs meanwhile (so our
-        address is validated and our requests reach the handlers)."""
+        address is validated and our requests reach the handlers). UDP may lose a datagram
+        on a loaded machine: three tries of 2 s."""
+        for attempt in range(3):
+            try:
+                self._ping_once()
+                return
+            except TimeoutError:
+                if attempt == 2:
+                    raise
+
+    def _ping_once(self) -> None:
         msg_id = os.urandom(20)
         self.sock.sendto(encode_request(msg_id, "ping", [self.node_id]), self.node.address)
         while True:
