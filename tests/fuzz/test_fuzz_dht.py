@@ -65,10 +65,29 @@ def requests(draw: st.DrawFn) -> bytes:
     return b"\x00" + os.urandom(20) + umsgpack.packb([name, args])
 
 
+@st.composite
+def cut_batches(draw: st.DrawFn) -> bytes:
+    """A well-formed STORE_BATCH (the hand-written fast path) cut anywhere."""
+    # short values keep the datagram short, so cuts often land inside the framing
+    items = draw(st.lists(st.one_of(st.binary(max_size=4), st.binary(min_size=256,
+                                                                        max_size=260)),
+                          min_size=1, max_size=3))
+    data = encode_request(os.urandom(20), "store_batch",
+                          [os.urandom(20), [[dht_key(cid_of_raw(v)), v] for v in items]])
+    # cut anywhere, or (more often) just after a bin header, where the layout is delicate
+    near_headers = [i + d for i, byte in enumerate(data) if byte in (0xC4, 0xC5)
+                    for d in range(1, 4) if i + d <= len(data)]
+    cuts = st.integers(0, len(data))
+    if near_headers:
+        cuts = st.one_of(cuts, st.sampled_from(near_headers))
+    return data[: draw(cuts)]
+
+
 datagrams = st.one_of(
     st.binary(max_size=600),
     requests(),
     requests().flatmap(mutated),
+    cut_batches(),
     st.builds(lambda body: b"\x01" + os.urandom(20) + umsgpack.packb(body), msgpack_values),
 )
 
