@@ -559,6 +559,13 @@ class BlockStore:
         with self._guard:
             return int(self._conn.execute("SELECT count(*) FROM dht_records").fetchone()[0])
 
+    def dht_bytes(self) -> int:
+        """Total size of the stored DHT record values (SQLite reads blob sizes from the row
+        headers, without loading the values)."""
+        with self._guard:
+            row = self._conn.execute("SELECT total(length(value)) FROM dht_records").fetchone()
+        return int(row[0])
+
     # -- subscriptions --------------------------------------------------------------------
 
     def add_subscription(self, topic: CID, now: float) -> bool:

@@ -50,14 +50,39 @@ class DhtConfig:
     """Records republished per maintenance pass, so a large store never stalls the loop."""
     max_records: int = 1_000_000
     """Records this node holds for the network; new keys beyond it are refused."""
-    store_rate: float = 5000.0
+    max_bytes: int = 2 * 1024**3
+    """Bytes of record values this node holds for the network (2 GiB); new keys beyond it
+    are refused. The node's own puts are always kept."""
+    source_store_quota: int = 8 * 1024**2
+    """Bytes of new records one source address that is not a proven peer may make this
+    node hold per ``store_quota_window`` (see ``dht.quota``)."""
+    peer_store_quota: int = 256 * 1024**2
+    """The same for an address where a peer proved its identity (transport handshake)."""
+    store_quota_window: float = 86400.0
+    """Seconds over which a source's quota is counted (then it starts again)."""
+    store_rate: float = 2000.0
     """Values per second one peer address may store here (token bucket refill)."""
-    store_burst: float = 20000.0
-    """Values one peer address may store in a burst."""
-    global_store_rate: float = 50000.0
+    store_burst: float = 4000.0
+    """Values one peer address may store in a burst. (It was 20,000 with a refill of
+    5,000/s: a flood of 20,000 values never reached it.)"""
+    global_store_rate: float = 20000.0
     """Values per second accepted from all peers together."""
-    global_store_burst: float = 100000.0
+    global_store_burst: float = 40000.0
     """Values accepted from all peers together in a burst."""
+    store_byte_rate: float = 4 * 1024**2
+    """Bytes of values per second one peer address may store here."""
+    store_byte_burst: float = 8 * 1024**2
+    """Bytes of values one peer address may store in a burst."""
+    global_store_byte_rate: float = 32 * 1024**2
+    """Bytes of values per second accepted from all peers together."""
+    global_store_byte_burst: float = 64 * 1024**2
+    """Bytes of values accepted from all peers together in a burst."""
+    address_proof_ttl: float = 3600.0
+    """Seconds an address stays proven (it answered one of our RPCs there) without a new
+    answer; only proven addresses get hand-offs, large answers and a routing-table slot
+    (see ``dht.address_check``)."""
+    address_retry_after: float = 30.0
+    """Seconds after an unanswered validation PING before that address is pinged again."""
     commit_delay: float = 0.0
     """Seconds a received STORE waits for others to share its SQLite commit (group commit);
     0 commits at the end of the event-loop turn, with whatever arrived in it. STOREs are
@@ -75,3 +100,7 @@ class DhtConfig:
             raise ValueError("silent_for must not be negative")
         if self.rpc_timeout <= 0 or self.get_timeout <= 0:
             raise ValueError("timeouts must be positive")
+        if min(self.max_bytes, self.source_store_quota, self.peer_store_quota) < 0:
+            raise ValueError("byte quotas must not be negative")
+        if self.store_quota_window <= 0 or self.address_proof_ttl <= 0:
+            raise ValueError("store_quota_window and address_proof_ttl must be positive")

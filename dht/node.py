@@ -68,6 +68,8 @@ class DhtNode:
                                       server.stats)
         self._prover: PeerProver | None = None
         self._stopped = False
+        self._identify_tried: dict[tuple[str, int], float] = {}
+        self._protocol.on_over_quota = self._prove_heavy_source
 
     @classmethod
     async def start(
@@ -216,6 +218,7 @@ class DhtNode:
         self._check_running()
         records = [(dht_key(cid), block) for cid, block in items]
         self._storage.offer_many(records)
+        self._protocol.note_local_bytes(sum(len(block) for _, block in records))
         replicated = await self._replicator.replicate_many(records, quorum)
         return [PutResult(cid, r.acks, r.targets)
                 for (cid, _), r in zip(items, replicated, strict=True)]
@@ -265,6 +268,7 @@ class DhtNode:
         self._check_running()
         if not self._storage.offer(record.key, record.block):
             return 0
+        self._protocol.note_local_bytes(len(record.block))
         replicated = await self._replicator.replicate(record.key, record.block)
         return replicated.acks
 
@@ -304,6 +308,7 @@ class DhtNode:
         :class:`~dht.errors.PeerIdMismatch` if it contradicts ``expected_node_id``."""
         node_id = self.peers.record_proof(peer_id, host, port, time.time(),
                                           expected_node_id=expected_node_id)
+        self._protocol.note_proven((host, port), node_id)  # a handshake is a round trip
         self._protocol.welcome_if_new(Node(node_id, host, port))
         return self.peers.contact(node_id, host, port)
 
@@ -323,6 +328,32 @@ class DhtNode:
         self.record_proof(peer_id, contact.host, contact.port,
                           expected_node_id=contact.node_id)
         return peer_id
+
+    def _prove_heavy_source(self, node_id: bytes, address: tuple[str, int]) -> None:
+        """A source that is not a proven peer used up its byte quota (``dht.quota``). A
+        pulsarcast publisher storing its events is one: if a prover is plugged in, ask it
+        to prove its identity (the transport handshake, as :meth:`identify` does); once
+        proven it has ``peer_store_quota``. At most once per address per quota window."""
+        if self._prover is None or self._stopped:
+            return
+        now = time.monotonic()
+        tried = self._identify_tried.get(address)
+        if tried is not None and now - tried < self._config.store_quota_window:
+            return
+        if len(self._identify_tried) >= 4096:
+            self._identify_tried.clear()
+        self._identify_tried[address] = now
+        self._protocol.spawn(self._identify_quietly(Contact(node_id, *address)))
+
+    async def _identify_quietly(self, contact: Contact) -> None:
+        try:
+            peer_id = await self.identify(contact)
+        except Exception as exc:  # an unreachable or lying source keeps the small quota
+            log.info("%s:%d used up its DHT store quota and did not prove an identity: %s",
+                     contact.host, contact.port, exc)
+        else:
+            log.info("%s:%d proved to be %s: its DHT store quota is now a peer's",
+                     contact.host, contact.port, peer_id)
 
     # -- upkeep ---------------------------------------------------------------------------
 

@@ -8,9 +8,17 @@ What changes against the package, and why:
   dropped. ``rpcudp`` instead spawns two tasks per datagram and lets a bad one raise inside
   them. Handlers are synchronous (SQLite is local), so a request is answered without creating
   any task at all; a STORE is answered from a callback once its group commit is done.
+* **Address validation** (:mod:`dht.address_check`): a request from an address that has not
+  answered one of our RPCs is held (only PING, whose answer is smaller than the request, is
+  answered at once) and one validation PING goes there; the held requests are
+  served when it answers. Contacts join the routing table only from proven addresses, and
+  from requests only under the node id the address itself answered with, so neither
+  answers nor hand-offs can be aimed at a forged source.
 * **STORE** accepts a value only if it hashes to the key (:mod:`dht.storage`), within a per
-  sender and a global rate limit. **STORE_BATCH** (ours; stock nodes ignore it) carries
-  several small blocks in one datagram, which is what makes pipelined puts cheap.
+  sender and a global rate limit (values and bytes) and the byte quotas of
+  :mod:`dht.quota` (per source, and in total). Refusals are answered False and counted.
+  **STORE_BATCH** (ours; stock nodes ignore it) carries several small blocks in one
+  datagram, which is what makes pipelined puts cheap.
 * **FIND_NODE** answers with the exact k closest contacts by XOR distance, not the package's
   bucket-walk approximation.
 * **Outgoing RPCs** are explicit methods (no ``__getattr__`` magic turning a typo into a
@@ -41,8 +49,10 @@ from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 from kademlia.routing import RoutingTable
 
+from .address_check import AddressCheck, Verdict
 from .config import DhtConfig
 from .peers import Contact, PeerBook, closest
+from .quota import Refusal, StoreQuota
 from .ratelimit import KeyedLimiter, LogThrottle
 from .stats import DhtStats
 from .storage import RecordStorage
@@ -71,6 +81,11 @@ Address = tuple[str, int]
 
 _MAX_SILENT = 10_000
 """Quarantined addresses remembered at most (a flood of dead contacts stays bounded)."""
+
+_UNVALIDATED_OK = frozenset({"ping"})
+"""Requests answered before the sender's address is proven: a PING's answer (43 bytes) is smaller
+than the PING (50), so it amplifies nothing. (STUN, whose answer is the sender's address,
+waits like the others.)"""
 
 
 @dataclass(slots=True)
@@ -126,6 +141,9 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self.book = book
         self.stats = stats
         self.on_new_contact: Callable[[Node], None] | None = None
+        self.on_over_quota: Callable[[bytes, Address], None] | None = None
+        """Told ``(node id, address)`` when a source that is not a proven peer used up its
+        byte quota (``DhtNode`` then asks the transport to prove who it is)."""
         self._pending: dict[bytes, _Pending] = {}
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
         self._batching: set[Address] = set()  # addresses that have answered a STORE_BATCH
@@ -133,6 +151,15 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self._closed = False
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
                                      config.global_store_rate, config.global_store_burst)
+        self._byte_limiter = KeyedLimiter(config.store_byte_rate, config.store_byte_burst,
+                                          config.global_store_byte_rate,
+                                          config.global_store_byte_burst)
+        self._check: AddressCheck[Request] = AddressCheck(
+            proof_ttl=config.address_proof_ttl, retry_after=config.address_retry_after)
+        self._quota = StoreQuota(source_quota=config.source_store_quota,
+                                 peer_quota=config.peer_store_quota,
+                                 window=config.store_quota_window, max_bytes=config.max_bytes,
+                                 measure=storage.stored_bytes)
         self._throttle = LogThrottle(log)
         self._handlers: dict[str, Callable[..., object]] = {
             "ping": self.rpc_ping,
@@ -174,8 +201,52 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             return
         if isinstance(message, Response):
             self._accept_response(message, addr)
-        else:
+        elif message.name in _UNVALIDATED_OK:
             self._accept_request(message, addr)
+        else:
+            self._accept_checked(message, addr, len(data))
+
+    def _accept_checked(self, request: Request, addr: Address, size: int) -> None:
+        """Serve ``request`` if ``addr`` is proven; hold it and validate the address if not."""
+        now = time.monotonic()
+        address = (addr[0], addr[1])
+        if self._check.is_proven(address, now):
+            self._accept_request(request, addr)
+            return
+        verdict = self._check.hold(address, request, size, now)
+        if verdict is Verdict.DROPPED:
+            self.stats.requests_unvalidated_dropped += 1
+            return
+        self.stats.requests_held += 1
+        if verdict is Verdict.VALIDATE:
+            self._validate(address)
+
+    def _validate(self, address: Address) -> None:
+        """Send the validation PING to ``address``; its answer proves the address (see
+        ``_accept_response``) and brings in the node id it answers with."""
+        self.stats.validations_sent += 1
+        answer = self.ping(address, self.source_node.id)
+        answer.add_done_callback(lambda done: self._validated(address, done))
+
+    def _validated(self, address: Address, done: asyncio.Future[RpcResult]) -> None:
+        ok, data = (False, None) if done.cancelled() else done.result()
+        if not ok:
+            self.stats.validations_failed += 1
+            self.stats.requests_unvalidated_dropped += self._check.failed(address,
+                                                                          time.monotonic())
+            return
+        if isinstance(data, bytes) and len(data) == len(self.source_node.id):
+            self.welcome_if_new(Node(data, address[0], address[1]))
+
+    def note_local_bytes(self, size: int) -> None:
+        """This node stored ``size`` bytes of its own records (they count toward
+        ``max_bytes``, and are never refused)."""
+        self._quota.added_locally(size)
+
+    def note_proven(self, address: Address, node_id: bytes) -> None:
+        """Another channel (the transport's handshake) proved ``node_id`` at ``address``."""
+        for request in self._check.prove((address[0], address[1]), time.monotonic(), node_id):
+            self._accept_request(request, address)
 
     def _drop(self, addr: Address, reason: str) -> None:
         self.stats.datagrams_dropped += 1
@@ -228,10 +299,18 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             return
         del self._pending[response.msg_id]
         pending.timer.cancel()
+        address = (addr[0], addr[1])
         if pending.name == "store_batch" and len(self._batching) < _MAX_SILENT:
-            self._batching.add((addr[0], addr[1]))
+            self._batching.add(address)
+        # It echoed our random message id from the address we asked: it receives there.
+        data = response.data
+        answered_id = (data if pending.name == "ping" and isinstance(data, bytes)
+                       and len(data) == len(self.source_node.id) else None)
+        held = self._check.prove(address, time.monotonic(), answered_id)
         if not pending.future.done():  # the caller may have given up (cancelled)
-            pending.future.set_result((True, response.data))
+            pending.future.set_result((True, data))
+        for request in held:
+            self._accept_request(request, addr)
 
     def _expire(self, msg_id: bytes) -> None:
         pending = self._pending.pop(msg_id, None)
@@ -363,9 +442,23 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             self.on_new_contact(node)
 
     def _sender(self, sender: Address, node_id: bytes) -> Node:
+        """The node a request comes from. It joins the routing table only if its address
+        answered our PING with this very id (or it is there already at this address);
+        otherwise a validation PING (at most one per address per ``address_retry_after``)
+        finds out who answers there."""
         node = Node(node_id, sender[0], sender[1])
-        self.welcome_if_new(node)
+        address = (sender[0], sender[1])
+        now = time.monotonic()
+        if self._check.identity(address, now) == node_id or self._known_at(node, address):
+            self.welcome_if_new(node)
+        elif self._check.start(address, now):
+            self._validate(address)
         return node
+
+    def _known_at(self, node: Node, address: Address) -> bool:
+        bucket = self.router.buckets[self.router.get_bucket_for(node)]
+        known = bucket.nodes.get(node.id)
+        return known is not None and (known.ip, known.port) == address
 
     def rpc_ping(self, sender: Address, node_id: bytes) -> bytes:
         self._sender(sender, node_id)
@@ -374,24 +467,79 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
     def rpc_store(self, sender: Address, node_id: bytes, key: bytes, value: object
                   ) -> bool | _StoreReply:
         self._sender(sender, node_id)
-        if not self._allow_stores(sender, 1):
-            return False
-        return _StoreReply(self.storage.submit([(key, value)]), single=True)
+        flags = self._store_items(sender, node_id, [(key, value)], single=True)
+        return flags if isinstance(flags, _StoreReply) else flags[0]
 
     def rpc_store_batch(self, sender: Address, node_id: bytes,
                         items: list[tuple[bytes, object]]) -> list[bool] | _StoreReply:
         self._sender(sender, node_id)
-        if not self._allow_stores(sender, len(items)):
-            return [False] * len(items)
-        return _StoreReply(self.storage.submit(items), single=False)
+        return self._store_items(sender, node_id, items, single=False)
 
-    def _allow_stores(self, sender: Address, count: int) -> bool:
-        if self._limiter.allow(tuple(sender[:2]), count, time.monotonic()):
+    def _store_items(self, sender: Address, node_id: bytes, items: list[tuple[bytes, object]],
+                     *, single: bool) -> list[bool] | _StoreReply:
+        """Rate limits, then quotas, then the storage's own checks (verification, record
+        count); refused values are answered False (a STORE with a bool, a STORE_BATCH with
+        one flag per value, however many values it has)."""
+        if not self._allow_stores(sender, items):
+            return [False] * len(items)
+        admitted = self._admit(sender, node_id, items)
+        chosen = [item for item, ok in zip(items, admitted, strict=True) if ok]
+        if not chosen:
+            return [False] * len(items)
+        committed = self.storage.submit(chosen)
+        if len(chosen) == len(items):
+            return _StoreReply(committed, single=single)
+        merged: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
+
+        def merge(done: asyncio.Future[list[bool]]) -> None:
+            flags = iter([False] * len(chosen) if done.cancelled() else done.result())
+            if not merged.done():
+                merged.set_result([ok and next(flags) for ok in admitted])
+
+        committed.add_done_callback(merge)
+        return _StoreReply(merged, single=single)
+
+    def _allow_stores(self, sender: Address, items: list[tuple[bytes, object]]) -> bool:
+        now = time.monotonic()
+        address = (sender[0], sender[1])
+        size = sum(len(v) for _, v in items if isinstance(v, bytes | bytearray))
+        if (self._limiter.allow(address, len(items), now)
+                and self._byte_limiter.allow(address, size, now)):
             return True
-        self.stats.stores_rate_limited += count
-        self._throttle.log(logging.WARNING, "rate", time.monotonic(),
+        self.stats.stores_rate_limited += len(items)
+        self._throttle.log(logging.WARNING, "rate", now,
                            "refusing stores from %s: rate limit exceeded", sender)
         return False
+
+    def _admit(self, sender: Address, node_id: bytes, items: list[tuple[bytes, object]]
+               ) -> list[bool]:
+        """Charge new keys to the sender's byte quota and the node's byte cap. Keys held
+        already (a refresh) cost nothing; values that are not bytes are left to the
+        storage to refuse; values that will fail verification are charged (to the sender's
+        own budget, which is all they can waste)."""
+        now = time.monotonic()
+        address = (sender[0], sender[1])
+        peer = self.book.proven_peer_id(node_id, address[0], address[1]) is not None
+        flags: list[bool] = []
+        asked = False
+        for key, value in items:
+            if not isinstance(value, bytes) or key in self.storage:
+                flags.append(True)
+                continue
+            refusal = self._quota.admit(address, len(value), now, peer=peer)
+            if refusal is Refusal.SOURCE:
+                self.stats.stores_over_source_quota += 1
+                if not peer and not asked and self.on_over_quota is not None:
+                    self.on_over_quota(node_id, address)
+                    asked = True
+            elif refusal is Refusal.TOTAL:
+                self.stats.stores_over_byte_cap += 1
+            flags.append(refusal is None)
+        if not all(flags):
+            self._throttle.log(logging.WARNING, "quota", now,
+                               "refusing stores from %s: over its byte quota or the node's "
+                               "byte cap", sender)
+        return flags
 
     def rpc_find_node(self, sender: Address, node_id: bytes, key: bytes
                       ) -> list[tuple[bytes, str, int]]:

@@ -22,6 +22,18 @@ class DhtStats:
     """Values refused because their sender or all senders together exceeded the rate limit."""
     stores_over_quota: int = 0
     """New keys refused because this node already holds ``max_records`` records."""
+    stores_over_source_quota: int = 0
+    """New keys refused because their source used up its byte quota (``dht.quota``)."""
+    stores_over_byte_cap: int = 0
+    """New keys refused because this node already holds ``max_bytes`` of records."""
+    requests_held: int = 0
+    """Requests from an address not yet proven, held until it answers our PING."""
+    requests_unvalidated_dropped: int = 0
+    """Requests from unproven addresses dropped (hold full, validation failed or recent)."""
+    validations_sent: int = 0
+    """Validation PINGs sent to addresses that had not answered us yet."""
+    validations_failed: int = 0
+    """Validation PINGs that went unanswered (a forged source, or a node gone)."""
     bad_values_fetched: int = 0
     """Values returned by peers during a lookup that failed verification (discarded)."""
     lookups: int = 0

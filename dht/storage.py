@@ -189,6 +189,10 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def __len__(self) -> int:
         return self._store.dht_len()
 
+    def stored_bytes(self) -> int:
+        """Total size of the values held (what ``dht.quota`` caps)."""
+        return self._store.dht_bytes()
+
     def __bool__(self) -> bool:
         return True  # an empty storage is still a storage (Server.__init__ tests truthiness)
 

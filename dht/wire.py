@@ -174,9 +174,9 @@ def _decode_store_batch(body: bytes) -> tuple[object, ...] | None:
         key = body[pos + 3 : pos + 3 + KEY_SIZE]
         pos += 3 + KEY_SIZE
         kind = body[pos : pos + 1]
-        if kind == b"\xc4":
+        if kind == b"\xc4" and pos + 2 <= len(body):
             size, pos = body[pos + 1], pos + 2
-        elif kind == b"\xc5":
+        elif kind == b"\xc5" and pos + 3 <= len(body):
             size, pos = int.from_bytes(body[pos + 1 : pos + 3], "big"), pos + 3
         else:
             return None

@@ -47,6 +47,11 @@ def _bench(args: argparse.Namespace) -> int:
         )
         _print_json(asyncio.run(figures))
         return 0
+    if args.name == "abuse":
+        from .bench.abuse import bench_abuse
+
+        _print_json(asyncio.run(bench_abuse(events=args.events or 40)))
+        return 0
     if args.name == "api":
         # The API sits above the node (api -> pulsar); only the command line reaches up to it.
         from api.bench import bench_api
@@ -71,7 +76,7 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["api", "codec", "delivery", "dht", "spark", "tree", "transport"],
+        choices=["abuse", "api", "codec", "delivery", "dht", "spark", "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")

@@ -82,11 +82,20 @@ async def network(tmp_path: Path) -> AsyncIterator[Network]:
 
 
 class RawPeer(asyncio.DatagramProtocol):
-    """A hand-driven UDP socket that speaks (or abuses) the ``rpcudp`` datagram format."""
+    """A hand-driven UDP socket that speaks (or abuses) the ``rpcudp`` datagram format.
+
+    It answers PINGs (so a node can validate its address, see ``dht.address_check``) and
+    acknowledges STOREs, unless ``answers_pings`` is False: then it behaves like a forged
+    source address and answers nothing. ``requests`` counts what it was sent, by RPC."""
 
     def __init__(self) -> None:
         self.transport: asyncio.DatagramTransport | None = None
         self.node_id = os.urandom(20)
+        self.answers_pings = True
+        self.pinged = 0
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.requests: dict[str, int] = {}
         self._answers: dict[bytes, asyncio.Future[object]] = {}
 
     @classmethod
@@ -99,12 +108,40 @@ class RawPeer(asyncio.DatagramProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.bytes_received += len(data)
         if data[:1] == b"\x01" and (waiter := self._answers.pop(data[1:21], None)):
-            waiter.set_result(umsgpack.unpackb(data[21:]))
+            if not waiter.done():
+                waiter.set_result(umsgpack.unpackb(data[21:]))
+        elif data[:1] == b"\x00":
+            name, args = umsgpack.unpackb(data[21:])
+            self.requests[name] = self.requests.get(name, 0) + 1
+            answer: object = None
+            if name == "ping":
+                self.pinged += 1
+                answer = self.node_id
+            elif name == "store":
+                answer = True
+            elif name == "store_batch":
+                answer = [True] * len(args[1])
+            if self.answers_pings and answer is not None:
+                self.send(b"\x01" + data[1:21] + umsgpack.packb(answer), addr)
 
     def send(self, data: bytes, addr: tuple[str, int]) -> None:
         assert self.transport is not None
+        self.bytes_sent += len(data)
         self.transport.sendto(data, addr)
+
+    async def introduce(self, addr: tuple[str, int]) -> None:
+        """PING the node at ``addr`` and answer its validation PING: from then on the node
+        serves this peer's requests at once."""
+        pinged = self.pinged
+        await self.call(addr, "ping", self.node_id)
+        for _ in range(200):
+            if self.pinged > pinged:
+                await asyncio.sleep(0.01)  # our answer is on its way back
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the node never validated our address")
 
     def request(self, addr: tuple[str, int], name: str, *args: object) -> asyncio.Future[object]:
         """Send ``name(*args)`` (no size or type checks) and return the answer's future."""

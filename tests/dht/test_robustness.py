@@ -65,6 +65,7 @@ async def test_a_flood_of_stores_is_rate_limited(
     config = DhtConfig(rpc_timeout=1.0, get_timeout=5.0, maintenance_interval=3600,
                        store_rate=100, store_burst=200)
     node = await network.add(config=config)
+    await raw_peer.introduce(node.address)
     values = [os.urandom(64) for _ in range(2000)]
     with caplog.at_level(logging.WARNING, logger="dht.protocol"):
         answers = [raw_peer.request(node.address, "store", raw_peer.node_id,
@@ -88,6 +89,7 @@ async def test_the_record_quota_holds_against_valid_floods(
         network: Network, raw_peer: RawPeer) -> None:
     config = DhtConfig(rpc_timeout=1.0, maintenance_interval=3600, max_records=50)
     node = await network.add(config=config)
+    await raw_peer.introduce(node.address)
     values = [os.urandom(64) for _ in range(80)]
     answers = await asyncio.gather(*(
         raw_peer.call(node.address, "store", raw_peer.node_id, dht_key(cid_of_raw(v)), v)

@@ -121,3 +121,14 @@ def test_other_answers_still_go_through_umsgpack() -> None:
 def test_requests_over_the_rpc_limit_are_not_sent() -> None:
     with pytest.raises(ValueError, match="limit"):
         wire.encode_request(MSG, "store", (NODE, NODE, bytes(8200)))
+
+
+def test_a_store_batch_cut_after_its_value_header_is_malformed() -> None:
+    """Found by tests/fuzz: the fast path indexed past the end of such a datagram."""
+    for size in (100, 300):  # bin8 and bin16 value headers
+        good = wire.encode_request(b"m" * 20, "store_batch",
+                                   [b"n" * 20, [[b"k" * 20, b"v" * size]]])
+        assert decode_datagram(good).name == "store_batch"
+        for cut in range(len(good) - size - 30, len(good)):
+            with pytest.raises(MalformedDatagram):
+                decode_datagram(good[:cut])
