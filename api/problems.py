@@ -37,6 +37,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "payload-too-large": "The request body is too large",
     "unsupported-media-type": "The body must be application/json",
     "unavailable": "The node is not serving (stopping)",
+    "not-persisted": "Too few DHT nodes stored it; it was not published",
     "internal": "Internal error",
 }
 """Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""

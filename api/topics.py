@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from dag import CID, EventDescriptor, EventLinking, TopicDescriptor
-from pulsar import EventNotFound, Node, PublishError
+from pulsar import EventNotFound, Node, NotPersisted, PublishError
 
 from .common import (
     check_fields,
@@ -86,6 +86,8 @@ async def create_topic(request: web.Request) -> web.Response:
     name = settings.pop("name")
     try:
         topic = await node_of(request).create_topic(name, **settings)
+    except NotPersisted as exc:
+        raise Problem(503, "not-persisted", str(exc)) from None
     except (ValueError, TypeError) as exc:
         raise Problem(400, "invalid-field", str(exc)) from None
     return json_response(topic_json(topic), status=201,
@@ -112,6 +114,8 @@ async def update_topic(request: web.Request) -> web.Response:
         raise Problem(400, "invalid-field", "nothing to change")
     try:
         new = await node_of(request).update_topic(topic.cid, **settings)
+    except NotPersisted as exc:
+        raise Problem(503, "not-persisted", str(exc)) from None
     except PublishError as exc:
         raise Problem(403, "publish-refused", str(exc)) from None
     except (ValueError, TypeError) as exc:
@@ -178,6 +182,8 @@ async def publish(request: web.Request) -> web.Response:
     node = node_of(request)
     try:
         event = await node.publish(topic.cid, payload, parent=parent_cid)
+    except NotPersisted as exc:
+        raise Problem(503, "not-persisted", str(exc)) from None
     except PublishError as exc:
         raise Problem(403, "publish-refused", str(exc)) from None
     answer = event_json(event, payload)

@@ -1,7 +1,7 @@
 """Pulsarcast: the protocol, the embedded node, the CLI, the testbed and the simulator."""
 
 from .config import NodeConfig
-from .node import EventNotFound, LogEntry, Node, PublishError, TopicNotFound
+from .node import EventNotFound, LogEntry, Node, NotPersisted, PublishError, TopicNotFound
 from .runtime.subscription import Subscription
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "LogEntry",
     "Node",
     "NodeConfig",
+    "NotPersisted",
     "PublishError",
     "Subscription",
     "TopicNotFound",

@@ -123,6 +123,7 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "api_host": "127.0.0.1",
     "api_port": 8700,
     "token": None,
+    "min_acks": 1,
 }
 """Settings of ``pulsarcast node``: a flag given on the command line wins over the config
 file (``--config``, TOML, the same names with underscores), which wins over these."""
@@ -154,6 +155,8 @@ def _node_settings(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"{name} must be a port number, not {settings[name]!r}")
     if not isinstance(settings["bootstrap"], list):
         raise SystemExit("bootstrap must be a list of \"HOST:PORT\" strings")
+    if type(settings["min_acks"]) is not int or not 0 <= settings["min_acks"] <= 20:
+        raise SystemExit(f"min_acks must be an integer in 0..20, not {settings['min_acks']!r}")
     return settings
 
 
@@ -163,6 +166,7 @@ def _node(args: argparse.Namespace) -> int:
     from api.runner import run_node
 
     from .config import NodeConfig
+    from .proto.core import CoreConfig
 
     settings = _node_settings(args)
     if settings["token"] is not None:
@@ -175,7 +179,8 @@ def _node(args: argparse.Namespace) -> int:
     bootstrap = tuple(_host_port(str(b)) for b in settings["bootstrap"])
     try:
         config = NodeConfig(data_dir=Path(settings["data_dir"]), host=settings["host"],
-                            port=settings["port"], bootstrap=bootstrap)
+                            port=settings["port"], bootstrap=bootstrap,
+                            core=CoreConfig(min_acks=settings["min_acks"]))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return asyncio.run(run_node(config, settings["api_host"], settings["api_port"],
@@ -206,6 +211,9 @@ def _add_node(sub: Any) -> None:
                       help="REST API port (default 8700)")
     node.add_argument("--token", default=None,
                       help="API token (default: generated into the data dir)")
+    node.add_argument("--min-acks", type=int, default=None,
+                      help="DHT nodes that must store an event before it is published "
+                      "(default 1; 0 for a node that runs alone on purpose)")
     node.add_argument("--json", action="store_true", help="print the node's details as JSON")
     node.set_defaults(handler=_node)
 

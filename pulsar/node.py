@@ -49,7 +49,7 @@ from .runtime.replay import replay_history
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 
-__all__ = ["EventNotFound", "LogEntry", "Node", "PublishError", "TopicNotFound"]
+__all__ = ["EventNotFound", "LogEntry", "Node", "NotPersisted", "PublishError", "TopicNotFound"]
 
 log = logging.getLogger("pulsar.node")
 
@@ -59,6 +59,11 @@ STOP_FLUSH_TIMEOUT = 3.0
 
 class PublishError(RuntimeError):
     """A publish the topic's rules refused, or that could not reach a publisher."""
+
+
+class NotPersisted(PublishError):
+    """Fewer DHT nodes than ``min_acks`` stored the event (or topic): it was not published.
+    The network, not the caller, is at fault; trying again later may succeed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,7 +696,8 @@ class Node:
                 case ev.CommandFailed():
                     future = self._waiting.get(out.request)
                     if future is not None and not future.done():
-                        error = ValueError if out.invalid else PublishError
+                        error = {"invalid": ValueError, "unpersisted": NotPersisted}.get(
+                            out.kind, PublishError)
                         future.set_exception(error(out.reason))
                 case ev.Rejected():
                     self.rejections += 1

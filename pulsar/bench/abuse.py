@@ -75,7 +75,7 @@ class _Node:
 
 async def _start_node(data_dir: Path) -> _Node:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pulsar", "node", "--data-dir", str(data_dir),
+        sys.executable, "-m", "pulsar", "node", "--min-acks", "0", "--data-dir", str(data_dir),
         "--api-port", "0", "--token", TOKEN, "--json",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert process.stdout is not None

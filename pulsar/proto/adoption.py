@@ -46,7 +46,7 @@ class VersionAdoption(CoreParts):
         try:
             meta, topic = build_topic(self.identity, cmd, now)
         except InvalidDescriptor as exc:
-            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}", invalid=True)]
+            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}", kind="invalid")]
         job = TopicJob(cmd.request, topic, meta, {meta.cid, topic.cid})
         self._topic_jobs[meta.cid] = self._topic_jobs[topic.cid] = job
         return [ev.StoreDht(meta.cid, meta.block), ev.StoreDht(topic.cid, topic.block)]
@@ -66,7 +66,7 @@ class VersionAdoption(CoreParts):
         try:
             version = build_version(self.identity, current, cmd.changes, heads, now)
         except InvalidDescriptor as exc:
-            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}", invalid=True)]
+            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}", kind="invalid")]
         self._topic_jobs[version.cid] = TopicJob(cmd.request, version, None, {version.cid})
         return [ev.StoreDht(version.cid, version.block)]
 
@@ -77,7 +77,8 @@ class VersionAdoption(CoreParts):
         if result.acks < self.config.min_acks:
             job.failed = True
             self.metrics["store_quorum_failed"] += 1
-            return [ev.CommandFailed(job.request, self._quorum_reason(result.acks, "topic"))]
+            reason = self._quorum_reason(result.acks, "topic")
+            return [ev.CommandFailed(job.request, reason, kind="unpersisted")]
         if job.left:
             return []
         topic = job.topic

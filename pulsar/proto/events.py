@@ -314,12 +314,13 @@ class TopicReady:
 @dataclass(frozen=True, slots=True)
 class CommandFailed:
     """The command ``request`` failed; ``reason`` says why in words for the caller.
-    ``invalid``: the command itself was malformed (settings the schema refuses), as
-    opposed to refused by the topic's rules or the network."""
+    ``kind``: ``refused`` (the topic's rules, or the node's state, say no),
+    ``invalid`` (the command itself is malformed: settings the schema refuses) or
+    ``unpersisted`` (too few DHT nodes stored it: try again when the network is there)."""
 
     request: int
     reason: str
-    invalid: bool = False
+    kind: str = "refused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -332,7 +332,7 @@ class FloodCore:
         try:
             meta, topic = build_topic(self.identity, cmd, now)
         except InvalidDescriptor as exc:
-            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}", invalid=True)]
+            return [ev.CommandFailed(cmd.request, f"invalid topic: {exc}", kind="invalid")]
         job = (cmd.request, topic, meta, {meta.cid, topic.cid})
         self._jobs[meta.cid] = self._jobs[topic.cid] = job
         return [ev.StoreDht(meta.cid, meta.block), ev.StoreDht(topic.cid, topic.block)]
@@ -347,7 +347,7 @@ class FloodCore:
         try:
             version = build_version(self.identity, t.latest, cmd.changes, heads, now)
         except InvalidDescriptor as exc:
-            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}", invalid=True)]
+            return [ev.CommandFailed(cmd.request, f"invalid topic version: {exc}", kind="invalid")]
         self._jobs[version.cid] = (cmd.request, version, None, {version.cid})
         return [ev.StoreDht(version.cid, version.block)]
 

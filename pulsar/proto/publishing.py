@@ -231,9 +231,10 @@ class Publishing(CoreParts):
         reason = self._quorum_reason(acks, "event")
         out: Out = []
         if item.request is not None:
-            out.append(ev.CommandFailed(item.request, reason))
+            out.append(ev.CommandFailed(item.request, reason, kind="unpersisted"))
         if item.then is not None:
-            out.append(ev.CommandFailed(item.then.request, f"announcement: {reason}"))
+            out.append(ev.CommandFailed(item.then.request, f"announcement: {reason}",
+                                        kind="unpersisted"))
         return out
 
     def _quorum_reason(self, acks: int, what: str) -> str:
