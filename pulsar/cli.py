@@ -47,6 +47,11 @@ def _bench(args: argparse.Namespace) -> int:
         )
         _print_json(asyncio.run(figures))
         return 0
+    if args.name == "publish":
+        from .bench.publish import bench_publish
+
+        _print_json(asyncio.run(bench_publish(nodes=args.nodes or 20, events=args.events or 200)))
+        return 0
     if args.name == "abuse":
         from .bench.abuse import bench_abuse
 
@@ -76,7 +81,8 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "spark", "tree", "transport"],
+        choices=["abuse", "api", "codec", "delivery", "dht", "publish", "spark", "tree",
+                 "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
