@@ -138,7 +138,8 @@ class RawPeer(asyncio.DatagramProtocol):
         await self.call(addr, "ping", self.node_id)
         for _ in range(200):
             if self.pinged > pinged:
-                await asyncio.sleep(0.01)  # our answer is on its way back
+                # Our answer is sent; a request that overtook it is held by the node until
+                # it arrives, then served: nothing to wait for here.
                 return
             await asyncio.sleep(0.01)
         raise AssertionError("the node never validated our address")
