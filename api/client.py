@@ -338,9 +338,28 @@ class PulsarcastClient:
         page limit), parsed line by line as they arrive."""
         params = _params(cursor=cursor, since=since, until=until, limit=limit,
                          direction=direction, format="ndjson")
+        async for event in self._ndjson(f"/v1/topics/{self._cid(topic)}/events", params,
+                                        idle_timeout):
+            yield event
+
+    async def replay(self, topic: str, *, since: str | float | None = None,
+                     until: str | float | None = None, limit: int | None = None,
+                     idle_timeout: float | None = 300.0) -> AsyncGenerator[Json, None]:
+        """The topic's history found from its CID alone, oldest first in causal order
+        (``GET /v1/topics/{cid}/replay``): works through a node that never followed the
+        topic, with every publisher offline. ``since`` (exclusive) and ``until``
+        (inclusive) take an event CID or a time. The node walks the whole range before it
+        answers, hence the long default ``idle_timeout``."""
+        params = _params(since=since, until=until, limit=limit)
+        async for event in self._ndjson(f"/v1/topics/{self._cid(topic)}/replay", params,
+                                        idle_timeout):
+            yield event
+
+    async def _ndjson(self, path: str, params: Mapping[str, str],
+                      idle_timeout: float | None) -> AsyncGenerator[Json, None]:
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
         async with self.session.get(
-            f"{self.base_url}/v1/topics/{self._cid(topic)}/events", params=params,
+            f"{self.base_url}{path}", params=params,
             headers=self._headers({"Accept": "application/x-ndjson"}), timeout=timeout,
         ) as response:
             if response.status >= 400:

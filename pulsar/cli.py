@@ -416,8 +416,12 @@ async def _subscribe(client: Any, args: argparse.Namespace) -> int:
 async def _replay(client: Any, args: argparse.Namespace) -> int:
     count = 0
     tty = sys.stderr.isatty()
-    async for event in client.history_ndjson(args.cid, since=args.since, until=args.until,
-                                             limit=args.limit):
+    if args.network:
+        events = client.replay(args.cid, since=args.since, until=args.until, limit=args.limit)
+    else:
+        events = client.history_ndjson(args.cid, since=args.since, until=args.until,
+                                       limit=args.limit)
+    async for event in events:
         sys.stdout.write(json.dumps(event) + "\n")
         count += 1
         if count % 1000 == 0:
@@ -497,6 +501,11 @@ def _add_api_commands(sub: Any) -> None:
     replay.add_argument("--since", default=None, help="seconds since the epoch or RFC 3339")
     replay.add_argument("--until", default=None, help="seconds since the epoch or RFC 3339")
     replay.add_argument("--limit", type=int, default=None, help="at most this many events")
+    replay.add_argument("--network", action="store_true",
+                        help="replay from the network (heads records and the DHT), not from "
+                        "this node's delivery log: works for a topic the node never followed; "
+                        "--since/--until then also take event CIDs and compare times with "
+                        "the events' creation")
     replay.set_defaults(handler=_api_command(_replay))
 
     peers = sub.add_parser("peers", parents=[common], help="the node's routing contacts")

@@ -51,6 +51,21 @@ async def test_topic_publish_and_replay(apis: list[Api], capsys: pytest.CaptureF
     assert [e["payload_size"] for e in events] == [5, 7, 2]
     code, out, _ = await run(api, capsys, "replay", cid, "--limit", "1", "--since", "0")
     assert code == 0 and len(out.splitlines()) == 1
+    # From the network, through a node that never followed the topic (once the author's
+    # heads record, written half a second after a publish, names the last event).
+
+    async def found_all() -> bool:
+        code, out, _ = await run(apis[2], capsys, "replay", cid, "--network")
+        return code == 0 and len(out.splitlines()) == 3
+
+    await eventually(found_all, timeout=10)
+    code, out, _ = await run(apis[2], capsys, "replay", cid, "--network")
+    network = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [e["cid"] for e in network] == [e["cid"] for e in events]
+    code, out, _ = await run(apis[2], capsys, "replay", cid, "--network",
+                             "--since", events[0]["cid"])
+    assert code == 0 and [json.loads(line)["cid"] for line in out.splitlines()] == [
+        e["cid"] for e in events[1:]]
 
     code, out, _ = await run(api, capsys, "topic", "update", cid, "--name", "news-2")
     assert code == 0 and "news-2" in out and f"parent:             {cid}" in out
