@@ -19,7 +19,8 @@ Commands:
   ``start_at + offset`` (wall clock); replies at once.
 * ``partition {groups}`` / ``heal`` — cut the network into groups of peer ids, or end it.
 * ``status`` — ``delivered`` (delivery-log entries of the workload topics: durable, so it
-  counts across restarts), ``published``, ``publish_failed``.
+  counts across restarts), ``published``, ``publish_failed``, and ``published_by_topic``
+  (acknowledged publishes of this life, per topic CID: what a crash cannot take back).
 * ``finish`` — a last resource sample and flush of the trace.
 """
 
@@ -29,6 +30,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,6 +63,7 @@ class _Agent(CommandWorker):
         self.faults: FaultInjector | None = None
         self.topics: list[CID] = []
         self.published = 0
+        self.published_by_topic: Counter[str] = Counter()
         self.publish_failed = 0
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -139,7 +142,8 @@ class _Agent(CommandWorker):
         subscribed = set(node.subscribed())
         delivered = sum(node.last_position(t) for t in self.topics if t in subscribed)
         return {"delivered": delivered, "published": self.published,
-                "publish_failed": self.publish_failed}
+                "publish_failed": self.publish_failed,
+                "published_by_topic": dict(self.published_by_topic)}
 
     def finish(self) -> dict[str, Any]:
         self._sample()
@@ -175,6 +179,7 @@ class _Agent(CommandWorker):
         try:
             await node.publish(topic, payload)
             self.published += 1
+            self.published_by_topic[str(topic)] += 1
         except (PublishError, LookupError, OSError) as exc:
             self.publish_failed += 1
             log.warning("publish on %s failed: %s", topic, exc)

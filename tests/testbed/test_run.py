@@ -64,8 +64,14 @@ async def test_smoke_scenario_runs_both_protocols_under_faults(tmp_path: Path) -
 
     pulsarcast = manifest["protocols"]["pulsarcast"]
     # Eventual delivery through 10% loss, a partition and a crash: every expected entry of
-    # every subscriber's delivery log (the restarted node's included) is there.
-    assert pulsarcast["delivered_log_entries"] == pulsarcast["expected_log_entries"]
+    # every subscriber's delivery log (the restarted node's included) is there. Publishes the
+    # crashed node had not acknowledged when it was killed (it runs late under load) may or
+    # may not have gone out: only those are uncertain.
+    certain = pulsarcast["expected_log_entries"] - pulsarcast["uncertain_log_entries"]
+    assert certain <= pulsarcast["delivered_log_entries"] <= pulsarcast["expected_log_entries"]
+    due_before_crash = sum(len(plan.topics[p.topic].subscribers) for p in plan.publishes
+                           if p.node in crashed and p.at < 0.5)
+    assert pulsarcast["uncertain_log_entries"] <= due_before_crash
     grafts_or_wants = Counter(
         r["kind"] for p in (run_dir / "pulsarcast").glob("node-*.jsonl") for r in _records(p))
     assert grafts_or_wants["graft"] + grafts_or_wants["backfill"] > 0  # repair did work
