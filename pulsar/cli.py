@@ -24,7 +24,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.name == "codec":
         from .bench.codec import bench_codec
 
-        _print_json(bench_codec(events=args.events or 2000, seconds=args.seconds))
+        _print_json(bench_codec(events=args.events or 2000, seconds=args.seconds or 1.0))
         return 0
     if args.name == "dht":
         from dht.bench import bench_dht
@@ -51,6 +51,12 @@ def _bench(args: argparse.Namespace) -> int:
         from .bench.publish import bench_publish
 
         _print_json(asyncio.run(bench_publish(nodes=args.nodes or 20, events=args.events or 200)))
+        return 0
+    if args.name == "topics":
+        from .bench.topics import bench_topics
+
+        figures = bench_topics(topics=args.topics or 1000, idle=args.seconds or 10.0)
+        _print_json(asyncio.run(figures))
         return 0
     if args.name == "abuse":
         from .bench.abuse import bench_abuse
@@ -81,13 +87,15 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "publish", "spark", "tree",
-                 "transport"],
+        choices=["abuse", "api", "codec", "delivery", "dht", "publish", "spark", "topics",
+                 "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
-    bench.add_argument("--seconds", type=float, default=1.0, help="time per measured rate")
+    bench.add_argument("--seconds", type=float, default=None,
+                       help="time per measured rate (codec: 1); idle window (topics: 10)")
+    bench.add_argument("--topics", type=int, default=None, help="topics known (topics: 1000)")
     bench.add_argument(
         "--history", type=int, default=None, help="events to backfill and replay (delivery)"
     )

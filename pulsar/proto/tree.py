@@ -47,6 +47,8 @@ class TreeView:
     children: frozenset[PeerId]
     is_root: bool
     subscribed: bool
+    attached: bool = True
+    """A parent answered our JOIN (or we are the root): the node is in the tree."""
 
 
 @dataclass(slots=True)
@@ -110,7 +112,8 @@ class TreeRouter:
         if t is None:
             return None
         return TreeView(
-            topic, frozenset(t.parents), frozenset(t.children), t.acting_root, t.deliver
+            topic, frozenset(t.parents), frozenset(t.children), t.acting_root, t.deliver,
+            t.acting_root or bool(t.confirmed & t.parents),
         )
 
     def _kid(self, peer: PeerId) -> int:
