@@ -55,6 +55,8 @@ log = logging.getLogger("pulsar.node")
 
 STOP_FLUSH_TIMEOUT = 3.0
 """How long ``stop()`` waits for the heads records it writes on the way out."""
+RESUME_BATCH = 25
+"""Durable subscriptions rejoined per turn of the event loop after a restart."""
 
 
 class PublishError(RuntimeError):
@@ -124,6 +126,9 @@ class Node:
         self._pending_log: dict[CID, list[CID]] = {}
         self._flush_scheduled = False
         self._stopped = False
+        self._to_resume: dict[CID, None] = {}
+        """Durable subscriptions not rejoined yet: a restart resumes them in batches in the
+        background (the API answers at once); a call that names one resumes it first."""
         self._log_grew: dict[CID, asyncio.Event] = {}
         self.rejections = 0
         self.ignored_frames = 0
@@ -134,7 +139,8 @@ class Node:
     @classmethod
     async def start(cls, config: NodeConfig) -> Node:
         """Open the data directory, start the DHT and the transport on one port number,
-        join through ``config.bootstrap`` and prove the peer ids of known contacts."""
+        join through ``config.bootstrap`` and prove the peer ids of known contacts. Durable
+        subscriptions are rejoined in the background, in batches."""
         config.data_dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.load_or_create(config.data_dir / "identity.key")
         store = BlockStore(config.data_dir / "node.sqlite3")
@@ -162,8 +168,9 @@ class Node:
                 if not contacts:
                     # The seeds may simply not be up yet: a node must not stay alone.
                     node._spawn(node._retry_bootstrap())
-            for topic in store.subscriptions():
-                await node._resume(topic)
+            node._to_resume = dict.fromkeys(store.subscriptions())
+            if node._to_resume:
+                node._spawn(node._resume_all())
             return node
         except BaseException:
             if node is not None:
@@ -338,6 +345,7 @@ class Node:
         first, _ = await self._lineage(topic_cid)
         if first.author != self.peer_id:
             raise PublishError("only the topic's author may update it")
+        await self._resume_pending(first.cid)
         if self.core.tree(first.cid) is None:
             await self._join(first, deliver=False)
         linking = changes.get("event_linking")
@@ -500,6 +508,7 @@ class Node:
 
     async def unsubscribe(self, topic_cid: CID) -> None:
         """Leave the tree cleanly (children route around us) and end the iterators."""
+        self._to_resume.pop(topic_cid, None)
         for sub in self._subscriptions.pop(topic_cid, []):
             sub.close()
         grew = self._log_grew.get(topic_cid)
@@ -517,13 +526,29 @@ class Node:
         versions: tuple[TopicDescriptor, ...] = (),
         heads: tuple[CID, ...] = (),
     ) -> None:
-        """Hand the core a ``Subscribe``: it joins the tree, and the meta topic's, itself."""
+        """Hand the core a ``Subscribe``: it joins the tree, and the meta topic's, itself.
+        A durable subscription not resumed yet is resumed first (with its heads and
+        versions), so nothing overtakes what the store remembers."""
+        await self._resume_pending(topic.cid)
         self.store.put_many([(topic.cid, topic.block)], pinned=True)
         self._apply(
             self.core.handle(
                 ev.Subscribe(topic, deliver, since, heads, versions), time.time()
             )
         )
+
+    async def _resume_all(self) -> None:
+        """Rejoin every durable subscription, ``RESUME_BATCH`` at a time with the loop free
+        in between: 10,000 topics must not hold the event loop (and the API) for seconds."""
+        while self._to_resume and not self._stopped:
+            for topic in list(self._to_resume)[:RESUME_BATCH]:
+                await self._resume_pending(topic)
+            await asyncio.sleep(0)  # yield to the loop between batches
+
+    async def _resume_pending(self, topic_cid: CID) -> None:
+        if topic_cid in self._to_resume:
+            del self._to_resume[topic_cid]
+            await self._resume(topic_cid)
 
     async def _resume(self, topic_cid: CID) -> None:
         """Rejoin a durable subscription with what the store remembers: when it began, the
@@ -586,6 +611,7 @@ class Node:
         if not isinstance(payload, bytes):
             raise TypeError("payload must be bytes")
         first, later = await self._lineage(topic_cid)
+        await self._resume_pending(first.cid)
         if self.core.tree(first.cid) is None:
             await self._join(first, deliver=False, versions=later)
         body: bytes | CID = payload

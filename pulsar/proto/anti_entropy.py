@@ -85,20 +85,28 @@ class AntiEntropy(BackfillParts):
         return out
 
     def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:
-        """Send our heads of ``topic`` to each neighbour that has not had this set yet
-        (to all of them every ``heads_refresh`` ticks)."""
+        """Send our heads of an active ``topic`` to each neighbour that has not had this
+        set yet; after ``heads_refresh`` quiet ticks, to all of them once more, and the
+        topic falls idle (it costs nothing until its heads change again)."""
         state = self._topics.get(topic)
         if state is None:
+            self._active.pop(topic, None)
             return []
         heads = self.heads(topic)
         peers = sorted(set(neighbours), key=bytes)
         for gone in [p for p in state.sent if p not in peers]:
             del state.sent[gone]
         if not heads:
+            self._active.pop(topic, None)
             return []
-        state.ticks += 1
-        refresh = state.ticks % self.config.heads_refresh == 0
         current = frozenset(heads)
+        if current != state.last_heads:
+            state.last_heads, state.quiet = current, 0
+        else:
+            state.quiet += 1
+        refresh = state.quiet >= self.config.heads_refresh
+        if refresh:
+            self._active.pop(topic, None)
         message = Heads(topic, tuple(heads))
         out: Out = []
         for peer in peers:

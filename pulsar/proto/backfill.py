@@ -145,6 +145,8 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
         self._held = 0
         self._next_gap = 0
         self._repaired: list[tuple[CID, EventDescriptor]] = []
+        self._active: dict[CID, None] = {}
+        self._tick_armed = False
         self._counts: dict[str, int] = {
             "delivered": 0,
             "backfilled": 0,
@@ -160,6 +162,14 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
             "duplicates": 0,
             "rejected": 0,
         }
+
+    def arm_tick(self) -> Out:
+        """The heads tick's timer, if a topic is active and it is not armed yet (the core
+        asks after every input: one timer for the node, none while all is idle)."""
+        if self._tick_armed or not self._active or self._neighbours is None:
+            return []
+        self._tick_armed = True
+        return [ev.SetTimer(self.config.heads_interval, HeadsTick())]
 
     @property
     def metrics(self) -> dict[str, int]:
@@ -181,11 +191,11 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
                 self._pump(self._topics[gap.topic], gap, now, out)
                 return out
             case HeadsTick():
-                if timer.topic not in self._topics:
-                    return []  # closed: the timer chain ends here
-                neighbours = self._neighbours(timer.topic) if self._neighbours else ()
-                out = self.tick(timer.topic, neighbours, now)
-                out.append(ev.SetTimer(self.config.heads_interval, timer))
-                return out
+                self._tick_armed = False
+                out = []
+                for topic in list(self._active):
+                    neighbours = self._neighbours(topic) if self._neighbours else ()
+                    out += self.tick(topic, neighbours, now)
+                return out + self.arm_tick()
             case _:
                 assert_never(timer)

@@ -70,8 +70,9 @@ class BackfillConfig:
     """The longest a gap holds delivery back before it is reported and skipped."""
     heads_interval: float = 2.0
     heads_refresh: int = 5
-    """Heads are sent when they changed, and to every neighbour every this many ticks (a
-    lost HEADS or a neighbour that forgot is caught up within ``interval * refresh``)."""
+    """Heads are sent to a neighbour when they changed since it last had them; after this
+    many quiet ticks they go to every neighbour once more (a lost HEADS is caught up) and
+    the topic falls idle: nothing more is sent for it until its heads change again."""
     have_count: int = 8
     """How many of our newest heads a WANT carries, so the answer stops where we resume."""
     max_pending: int = 20_000
@@ -173,7 +174,9 @@ class TopicState:
     """Heads we could not get or found invalid -> not asked for again until then."""
     wants: dict[tuple[PeerId, CID], Gap] = field(default_factory=dict)
     sent: dict[PeerId, frozenset[CID]] = field(default_factory=dict)
-    ticks: int = 0
+    quiet: int = 0
+    """Heads ticks since the heads last changed (the topic is active until the refresh)."""
+    last_heads: frozenset[CID] = frozenset()
 
 
 def bounded_put(memo: OrderedDict[CID, Any], key: CID, value: Any, limit: int) -> None:
@@ -216,6 +219,8 @@ class BackfillParts(ABC):
     _next_gap: int
     _repaired: list[tuple[CID, EventDescriptor]]
     _counts: dict[str, int]
+    _active: dict[CID, None]
+    """Topics whose heads changed lately: the only ones the heads tick visits."""
 
     # -- causal.py
     @abstractmethod
@@ -233,6 +238,9 @@ class BackfillParts(ABC):
 
     @abstractmethod
     def heads(self, topic: CID) -> list[CID]: ...
+
+    @abstractmethod
+    def arm_tick(self) -> Out: ...
 
     # -- gaps.py
     @abstractmethod

@@ -27,7 +27,6 @@ from .backfill_state import (
 )
 from .events import Out
 from .repair_messages import MAX_HEADS
-from .timers import HeadsTick
 
 __all__ = ["CausalOrder"]
 
@@ -66,9 +65,7 @@ class CausalOrder(BackfillParts):
             self.mark_delivered(topic, delivered)
             return []
         self._new_state(topic, deliver, since, heads, delivered)
-        if self._neighbours is None:
-            return []
-        return [ev.SetTimer(self.config.heads_interval, HeadsTick(topic))]
+        return self.arm_tick()
 
     def _new_state(self, topic: CID, deliver: bool, since: float | None, heads: Iterable[CID],
                    delivered: Iterable[CID]) -> None:
@@ -80,10 +77,13 @@ class CausalOrder(BackfillParts):
         for head in heads:
             bounded_put(state.settled, head, None, self.config.settled_limit)
             bounded_put(state.heads, head, None, self.config.heads_limit)
+        if state.heads:
+            self._active[topic] = None
 
     def close(self, topic: CID) -> None:
         """Forget ``topic`` (unsubscribed): held events are dropped, gaps closed."""
         state = self._topics.pop(topic, None)
+        self._active.pop(topic, None)
         if state is None:
             return
         self._held -= len(state.held)
@@ -246,3 +246,4 @@ class CausalOrder(BackfillParts):
             del state.released[cid]
         else:
             bounded_put(state.heads, cid, None, self.config.heads_limit)
+        self._active[state.cid] = None

@@ -47,6 +47,8 @@ from dag import (
 from . import events as ev
 from .adoption import TopicJob, VersionAdoption
 from .backfill import Backfill, BackfillConfig, event_links
+from .batch_messages import Batch
+from .batching import coalesce
 from .config import LONE_NODE, CoreConfig
 from .events import Out
 from .flood_messages import Subs
@@ -247,7 +249,8 @@ class PulsarCore(Publishing, VersionAdoption):
             elif tree.topic.author == self.me:
                 extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
-        return out
+        out += self.backfill.arm_tick()
+        return coalesce(out)
 
     def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
         topic = cmd.topic
@@ -268,7 +271,7 @@ class PulsarCore(Publishing, VersionAdoption):
             out += self.backfill.open(
                 topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
             )
-            out += self.lazy.start(topic.cid)
+            out += self.lazy.start(topic.cid, now)
             out += self.router.join(tree, now)
         if cmd.heads and tree.last_seen is None:
             tree.last_seen = self._newest(cmd.heads)
@@ -352,11 +355,17 @@ class PulsarCore(Publishing, VersionAdoption):
                     tree.retries.pop(peer, None)
                     if message.heads:
                         tree.hint = message.heads[-1]  # the freshest word on the heads
+                    self.lazy.learn(message.topic, message.peers, now)
                 return self.backfill.on_heads(peer, message, now)
             case Heads():
                 return self.backfill.on_heads(peer, message, now)
             case Subs():
                 return self._reject(peer, "a floodsub message on a pulsarcast node")
+            case Batch():
+                out: Out = []
+                for item in message.messages:
+                    out += self._on_received(peer, item, now)
+                return out
             case _:
                 assert_never(message)
 
@@ -372,7 +381,7 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self._reject(peer, "join must name a topic's first version")
             out = self._add_version(topic, now)
             tree = self.router.new_tree(topic, deliver=False)
-            out += self.lazy.start(topic.cid)
+            out += self.lazy.start(topic.cid, now)
             out += self.backfill.open(topic.cid, now, deliver=False, since=now)
         if peer in tree.parents:
             return self._reject(peer, "join from our own parent")
@@ -382,7 +391,7 @@ class PulsarCore(Publishing, VersionAdoption):
         # The answer to a JOIN confirms the edge to the child and carries our heads, so it
         # backfills at once whatever it missed while it was not attached.
         heads = tuple(self.backfill.heads(msg.topic)[:MAX_HEADS])
-        out.append(ev.Send(peer, Joined(msg.topic, heads)))
+        out.append(ev.Send(peer, Joined(msg.topic, heads, self.lazy.sample(msg.topic, peer))))
         if tree.in_tree():
             return out
         return out + self.router.join(tree, now)
@@ -469,7 +478,7 @@ class PulsarCore(Publishing, VersionAdoption):
     def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> Out:
         peer = down.peer
         out: Out = self.backfill.peer_down(peer, now)
-        self.lazy.peer_down(peer)
+        out += self.lazy.peer_down(peer)
         for tree in list(self._trees.values()):
             if peer in tree.children:
                 tree.children.discard(peer)
@@ -487,8 +496,10 @@ class PulsarCore(Publishing, VersionAdoption):
         match timer:
             case GapTimeout() | WantTimeout() | RetryFetch() | HeadsTick():
                 return self.backfill.on_timer(timer, now)
-            case DispatchTimer() | GraftTimer() | ShuffleTimer():
+            case GraftTimer():
                 return self.lazy.on_timer(timer, self._known_in(timer.topic), now)
+            case DispatchTimer() | ShuffleTimer():
+                return self.lazy.on_timer(timer, _nothing_known, now)
             case RetryParent() | JoinTimeout() | RootCheck():
                 return self.router.on_timer(timer, now)
             case RequestTimeout():
@@ -578,3 +589,8 @@ class PulsarCore(Publishing, VersionAdoption):
     def _reject(self, peer: PeerId | None, reason: str) -> Out:
         self.metrics["rejected"] += 1
         return [ev.Rejected(peer, reason)]
+
+
+def _nothing_known(cid: CID) -> bool:
+    """For the layer timers that ask nothing about events."""
+    return False

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
 from dag.records import HeadsRecord
 
+from .batch_messages import Batch
 from .flood_messages import Subs
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
@@ -78,6 +79,7 @@ Message = (
     | Heads
     | Joined
     | Subs
+    | Batch
 )
 """Every message a peer can send (what ``decode_message`` returns)."""
 

@@ -13,7 +13,7 @@ from dag import CID, PeerId
 
 from .messages import MAX_HOPS, MessageError, _cid, _uint, register
 
-__all__ = ["MAX_IHAVE", "MAX_SAMPLE", "Graft", "IHave", "Prune", "Shuffle"]
+__all__ = ["MAX_IHAVE", "MAX_SAMPLE", "Graft", "IHave", "Prune", "Shuffle", "parse_sample"]
 
 MAX_IHAVE: Final = 512
 MAX_SAMPLE: Final = 16
@@ -95,16 +95,20 @@ class Shuffle:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Shuffle:
-        peers = m["peers"]
-        if not isinstance(peers, list) or len(peers) > MAX_SAMPLE:
-            raise MessageError(f"shuffle.peers must be a list of at most {MAX_SAMPLE}")
         if not isinstance(m["reply"], bool):
             raise MessageError("shuffle.reply must be a boolean")
-        try:
-            sample = tuple(PeerId(p) for p in peers)
-        except (ValueError, TypeError) as exc:
-            raise MessageError(f"shuffle.peers: {exc}") from None
+        sample = parse_sample(m["peers"], "shuffle.peers")
         return cls(_cid(m["topic"], "shuffle.topic"), sample, m["reply"])
+
+
+def parse_sample(peers: Any, name: str) -> tuple[PeerId, ...]:
+    """A member sample off the wire: at most :data:`MAX_SAMPLE` valid peer ids."""
+    if not isinstance(peers, list) or len(peers) > MAX_SAMPLE:
+        raise MessageError(f"{name} must be a list of at most {MAX_SAMPLE}")
+    try:
+        return tuple(PeerId(p) for p in peers)
+    except (ValueError, TypeError) as exc:
+        raise MessageError(f"{name}: {exc}") from None
 
 
 register(IHave, {"topic", "ids"})

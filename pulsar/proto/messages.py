@@ -236,8 +236,13 @@ def decode_message(frame: bytes) -> Any:
         raise MessageError(f"not DAG-CBOR: {exc}") from None
     if not isinstance(wire, dict):
         raise MessageError("message must be a map")
+    return decode_wire(wire)
+
+
+def decode_wire(wire: dict[str, Any], kinds: frozenset[str] | None = None) -> Any:
+    """One message from its decoded map (``kinds``: the message types allowed here)."""
     kind = wire.get("t")
-    if not isinstance(kind, str) or kind not in _TYPES:
+    if not isinstance(kind, str) or kind not in _TYPES or (kinds is not None and kind not in kinds):
         raise MessageError(f"unknown message type {kind!r}"[:100])
     if wire.keys() != _FIELDS[kind]:
         raise MessageError(f"{kind} message has fields {sorted(wire)}"[:200])

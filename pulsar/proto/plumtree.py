@@ -3,13 +3,18 @@
 The join-routed tree gives every topic member its *eager* links (parent and children),
 which are never pruned: they are the tree. This layer adds, per topic:
 
-* a **passive view** of other members, learned HyParView-style: members periodically send
-  a SHUFFLE with a sample of the members they know to a random neighbour, which merges it
-  and answers with its own sample; entries expire when not refreshed and vanish when their
-  peer goes down;
+* a **passive view** of other members, learned HyParView-style: a topic that lacks lazy
+  links sends a SHUFFLE with a sample of the members it knows to a random neighbour, which
+  merges it and answers with its own sample. Entries vanish when their peer goes down or
+  says (PRUNE for a topic it is not in) that it left. A new member's first lazy links come
+  from the sample in its parent's JOINED. Lazy links only serve repair, so only a topic
+  that carried an event since its last shuffle and lacks lazy links shuffles, with a
+  backoff that doubles while shuffles bring nobody new (a small topic has no more members
+  to find). An idle topic, or one with its links, costs nothing: no timer, no message;
 * a few **lazy links** drawn from the passive view: after accepting an event, a node
-  queues ``(cid, hop)`` for each lazy peer and sends the queue as one IHAVE when a short
-  dispatch timer fires;
+  queues ``(topic, cid, hop)`` for each lazy peer and, when the node's one short dispatch
+  timer fires, sends each neighbour the IHAVEs of every topic at once (the core packs
+  them into one BATCH);
 * **repair**: an IHAVE for an event not received starts a graft timer; when it fires, the
   node sends GRAFT to the first announcer (who answers with the event and treats the link
   as eager), then, after a shorter timer, to the next announcer, and so on;
@@ -47,9 +52,15 @@ class PlumtreeConfig:
     lazy_peers: int = 3
     """Lazy links per topic: enough that a lost eager copy is announced by someone else."""
     passive_size: int = 32
-    passive_ttl: float = 60.0
-    """A passive-view entry not refreshed by a shuffle for this long is dropped."""
-    shuffle_interval: float = 2.0
+    shuffle_interval: float = 30.0
+    """How long after it started (or last learned someone) a topic lacking lazy links
+    shuffles; each shuffle that brings nobody new doubles it. A new member's first lazy
+    links come from its parent's JOINED, so shuffles are only the slow path."""
+    shuffle_backoff_max: float = 600.0
+    """The longest a topic lacking lazy links waits between shuffles (a small topic may
+    have no more members to find)."""
+    shuffle_tick: float = 1.0
+    """The shortest time between two runs of the node's shuffle tick."""
     dispatch_delay: float = 0.05
     """IHAVE batching delay (iroh uses 5 ms over QUIC; we favour fewer, larger frames)."""
     graft_timeout_1: float = 0.5
@@ -66,8 +77,11 @@ class _Topic:
     passive: dict[PeerId, float] = field(default_factory=dict)
     lazy: set[PeerId] = field(default_factory=set)
     grafted: set[PeerId] = field(default_factory=set)
-    queue: dict[PeerId, list[tuple[CID, int]]] = field(default_factory=dict)
-    dispatch_armed: bool = False
+    shuffle_due: float = 0.0
+    shuffle_backoff: float = 0.0
+    carried: bool = False
+    """An event was accepted since the last shuffle: lazy links only serve repair, so a
+    topic that carries nothing has no use for them and never shuffles."""
     missing: dict[CID, deque[tuple[PeerId, int]]] = field(default_factory=dict)
     hops: dict[CID, int] = field(default_factory=dict)
 
@@ -97,20 +111,42 @@ class Plumtree:
         self._neighbours = neighbours
         self._lookup = lookup
         self._topics: dict[CID, _Topic] = {}
+        self._queue: dict[PeerId, dict[CID, list[tuple[CID, int]]]] = {}
+        self._dispatch_armed = False
+        self._shuffle_armed = False
         self.metrics: dict[str, int] = {"ihave_sent": 0, "grafts": 0, "prunes": 0, "repaired": 0}
 
     # ------------------------------------------------------------------ membership
 
-    def start(self, topic: CID) -> Out:
-        """A tree the node joined: begin shuffling its members."""
+    def start(self, topic: CID, now: float) -> Out:
+        """A tree the node joined. Its first lazy links come from its parent's JOINED; if
+        it still lacks some once it carries events, a shuffle is due one interval after
+        the start (jittered, so topics started together do not shuffle together)."""
         if topic in self._topics:
             return []
-        self._topics[topic] = _Topic()
-        delay = self.config.shuffle_interval * (0.5 + self.rng.random())
-        return [ev.SetTimer(delay, ShuffleTimer(topic))]
+        interval = self.config.shuffle_interval
+        due = now + interval * (0.5 + self.rng.random())
+        self._topics[topic] = _Topic(shuffle_due=due, shuffle_backoff=interval)
+        return []
 
     def stop(self, topic: CID) -> None:
         self._topics.pop(topic, None)
+        for queued in self._queue.values():
+            queued.pop(topic, None)
+
+    def _hungry(self, state: _Topic) -> bool:
+        return state.carried and len(state.lazy) < self.config.lazy_peers
+
+    def _arm_shuffle(self, delay: float | None = None) -> Out:
+        if self._shuffle_armed:
+            return []
+        self._shuffle_armed = True
+        return [ev.SetTimer(max(self.config.shuffle_tick, delay or 0.0), ShuffleTimer())]
+
+    def sample(self, topic: CID, exclude: PeerId) -> tuple[PeerId, ...]:
+        """Members of ``topic`` we know, for a JOINED: the new child's first lazy links."""
+        state = self._topics.get(topic)
+        return () if state is None else self._sample(topic, state, exclude)
 
     def eager_extra(self, topic: CID) -> set[PeerId]:
         """Links made eager by GRAFT, on top of the tree's own edges."""
@@ -121,15 +157,28 @@ class Plumtree:
         state = self._topics.get(topic)
         return set() if state is None else set(state.lazy)
 
-    def peer_down(self, peer: PeerId) -> None:
+    def peer_down(self, peer: PeerId) -> Out:
+        """A neighbour failed: it leaves every view; topics that now lack lazy links
+        shuffle again."""
+        self._queue.pop(peer, None)
+        lost_link = False
         for state in self._topics.values():
-            state.passive.pop(peer, None)
-            state.lazy.discard(peer)
-            state.grafted.discard(peer)
-            state.queue.pop(peer, None)
+            lost_link = lost_link or peer in state.lazy
+            self._forget(state, peer)
             for announcers in state.missing.values():
                 for entry in [e for e in announcers if e[0] == peer]:
                     announcers.remove(entry)
+        return self._arm_shuffle() if lost_link else []
+
+    def _forget(self, state: _Topic, peer: PeerId) -> None:
+        """``peer`` is gone from this topic (down, or it left): a lost lazy link makes the
+        topic shuffle again soon, whatever its backoff had grown to."""
+        if peer in state.lazy:
+            state.shuffle_backoff = self.config.shuffle_interval
+            state.shuffle_due = 0.0
+        state.passive.pop(peer, None)
+        state.lazy.discard(peer)
+        state.grafted.discard(peer)
 
     def learn(self, topic: CID, peers: Iterable[PeerId], now: float) -> None:
         """Add members to the passive view (also used by the core for JOIN senders)."""
@@ -137,8 +186,11 @@ class Plumtree:
         if state is None:
             return
         for peer in peers:
-            if peer != self.me:
-                state.passive[peer] = now
+            if peer == self.me:
+                continue
+            if peer not in state.passive:
+                state.shuffle_backoff = self.config.shuffle_interval  # more may be near
+            state.passive[peer] = now
         if len(state.passive) > self.config.passive_size:
             oldest = sorted(state.passive, key=state.passive.__getitem__)
             for peer in oldest[: len(state.passive) - self.config.passive_size]:
@@ -146,10 +198,6 @@ class Plumtree:
         self._refresh_lazy(topic, state, now)
 
     def _refresh_lazy(self, topic: CID, state: _Topic, now: float) -> None:
-        for peer, seen in list(state.passive.items()):
-            if now - seen > self.config.passive_ttl:
-                del state.passive[peer]
-                state.lazy.discard(peer)
         tree = self._neighbours(topic)
         state.lazy -= tree
         state.lazy &= set(state.passive)
@@ -163,7 +211,7 @@ class Plumtree:
     def on_shuffle(self, peer: PeerId, msg: Shuffle, now: float) -> Out:
         state = self._topics.get(msg.topic)
         if state is None:
-            return []
+            return [ev.Send(peer, Prune(msg.topic))]  # not (or no longer) a member
         self.learn(msg.topic, [peer, *msg.peers], now)
         if msg.reply:
             return []
@@ -183,6 +231,10 @@ class Plumtree:
         if state is None:
             return []
         out: Out = []
+        if not state.carried:
+            state.carried = True
+            if self._hungry(state):
+                out += self._arm_shuffle(state.shuffle_due - now)
         state.hops[cid] = hop
         if len(state.hops) > self.config.cache_size:
             del state.hops[next(iter(state.hops))]
@@ -196,12 +248,14 @@ class Plumtree:
                 self.metrics["grafts"] += 1
                 self.metrics["prunes"] += 1
                 out += [ev.Send(best[0], Graft(topic, None)), ev.Send(sender, Prune(topic))]
+        queued = False
         for peer in state.lazy:
             if peer != sender:
-                state.queue.setdefault(peer, []).append((cid, hop))
-        if state.queue and not state.dispatch_armed:
-            state.dispatch_armed = True
-            out.append(ev.SetTimer(self.config.dispatch_delay, DispatchTimer(topic)))
+                self._queue.setdefault(peer, {}).setdefault(topic, []).append((cid, hop))
+                queued = True
+        if queued and not self._dispatch_armed:
+            self._dispatch_armed = True
+            out.append(ev.SetTimer(self.config.dispatch_delay, DispatchTimer()))
         return out
 
     def duplicate(self, topic: CID, sender: PeerId | None) -> Out:
@@ -220,7 +274,7 @@ class Plumtree:
     def on_ihave(self, peer: PeerId, msg: IHave, known: Callable[[CID], bool], now: float) -> Out:
         state = self._topics.get(msg.topic)
         if state is None:
-            return []
+            return [ev.Send(peer, Prune(msg.topic))]  # not (or no longer) a member
         state.passive[peer] = now
         out: Out = []
         for cid, hop in msg.entries:
@@ -253,35 +307,44 @@ class Plumtree:
 
     def on_prune(self, peer: PeerId, msg: Prune, now: float) -> Out:
         state = self._topics.get(msg.topic)
-        if state is not None and peer in state.grafted:
+        if state is None:
+            return []
+        if peer in state.grafted:
             state.grafted.discard(peer)
             state.lazy.add(peer)
-        return []
+            return []
+        # A PRUNE over a link we never grafted: the peer is not in the topic (any more).
+        lost_link = peer in state.lazy
+        self._forget(state, peer)
+        return self._arm_shuffle() if lost_link else []
 
     # ------------------------------------------------------------------ timers
 
     def on_timer(self, timer: PlumtreeTimer, known: Callable[[CID], bool], now: float) -> Out:
         match timer:
             case DispatchTimer():
-                return self._dispatch(timer.topic)
+                return self._dispatch()
             case GraftTimer():
                 return self._graft(timer, known)
             case ShuffleTimer():
-                return self._shuffle(timer.topic, now)
+                return self._shuffle(now)
             case _:
                 assert_never(timer)
 
-    def _dispatch(self, topic: CID) -> Out:
-        state = self._topics.get(topic)
-        if state is None:
-            return []
-        state.dispatch_armed = False
+    def _dispatch(self) -> Out:
+        """Every queued IHAVE, neighbour by neighbour: the core packs what goes to one
+        neighbour into one BATCH."""
+        self._dispatch_armed = False
         out: Out = []
-        for peer, entries in sorted(state.queue.items(), key=lambda kv: bytes(kv[0])):
-            for start in range(0, len(entries), MAX_IHAVE):
-                out.append(ev.Send(peer, IHave(topic, tuple(entries[start : start + MAX_IHAVE]))))
-                self.metrics["ihave_sent"] += 1
-        state.queue.clear()
+        queue, self._queue = self._queue, {}
+        for peer, topics in sorted(queue.items(), key=lambda kv: bytes(kv[0])):
+            for topic, entries in topics.items():
+                if topic not in self._topics:
+                    continue
+                for start in range(0, len(entries), MAX_IHAVE):
+                    chunk = tuple(entries[start : start + MAX_IHAVE])
+                    out.append(ev.Send(peer, IHave(topic, chunk)))
+                    self.metrics["ihave_sent"] += 1
         return out
 
     def _graft(self, timer: GraftTimer, known: Callable[[CID], bool]) -> Out:
@@ -305,14 +368,30 @@ class Plumtree:
             ev.SetTimer(self.config.graft_timeout_2, timer),
         ]
 
-    def _shuffle(self, topic: CID, now: float) -> Out:
-        state = self._topics.get(topic)
-        if state is None:
-            return []
-        self._refresh_lazy(topic, state, now)
-        out: Out = [ev.SetTimer(self.config.shuffle_interval, ShuffleTimer(topic))]
-        targets = sorted(self._neighbours(topic) | state.lazy, key=bytes)
-        if targets:
-            peer = self.rng.choice(targets)
-            out.append(ev.Send(peer, Shuffle(topic, self._sample(topic, state, peer), False)))
+    def _shuffle(self, now: float) -> Out:
+        """The node's shuffle tick: each topic that lacks lazy links and is due shuffles
+        with one neighbour and backs off (doubling, reset when it learns someone new);
+        the tick stays armed only while some topic lacks lazy links."""
+        self._shuffle_armed = False
+        out: Out = []
+        next_due: float | None = None
+        for topic, state in self._topics.items():
+            if not self._hungry(state):
+                continue
+            if state.shuffle_due > now:
+                next_due = min(next_due or state.shuffle_due, state.shuffle_due)
+                continue
+            self._refresh_lazy(topic, state, now)
+            if not self._hungry(state):
+                continue
+            state.shuffle_due = now + state.shuffle_backoff
+            state.carried = False  # the next shuffle waits for the next event
+            state.shuffle_backoff = min(state.shuffle_backoff * 2,
+                                        self.config.shuffle_backoff_max)
+            targets = sorted(self._neighbours(topic) | state.lazy, key=bytes)
+            if targets:
+                peer = self.rng.choice(targets)
+                out.append(ev.Send(peer, Shuffle(topic, self._sample(topic, state, peer), False)))
+        if next_due is not None:
+            out += self._arm_shuffle(next_due - now)
         return out

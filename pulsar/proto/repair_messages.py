@@ -38,10 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from dag import CID
+from dag import CID, PeerId
 from dag.descriptors import parse_timestamp
 from dag.errors import SchemaError
 
+from .gossip_messages import parse_sample
 from .messages import MAX_MESSAGE_SIZE, MessageError, _cid, _uint, register
 
 __all__ = [
@@ -181,12 +182,25 @@ class Joined(Heads):
     """The answer to a JOIN: the parent took the sender as a child. Shaped like HEADS (the
     parent's heads, so the child backfills at once) but of its own kind, because it is the
     only acknowledgement of the edge: a parent also sends HEADS (and IHAVE) to lazy links,
-    so those prove only that it knows the sender, not that it forwards to it."""
+    so those prove only that it knows the sender, not that it forwards to it. ``peers`` is
+    a sample of the topic's other members the parent knows: the child's first lazy links,
+    with no SHUFFLE needed."""
 
+    peers: tuple[PeerId, ...] = ()
     T: ClassVar[str] = "joined"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topic": self.topic, "heads": list(self.heads),
+                "peers": [p.raw for p in self.peers]}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Joined:
+        return cls(_cid(m["topic"], "joined.topic"),
+                   _links(m["heads"], "joined.heads", MAX_HEADS),
+                   parse_sample(m["peers"], "joined.peers"))
 
 
 register(Want, {"topic", "head", "limit", "have", "after"})
 register(Blocks, {"topic", "head", "blocks"})
 register(Heads, {"topic", "heads"})
-register(Joined, {"topic", "heads"})
+register(Joined, {"topic", "heads", "peers"})

@@ -100,7 +100,8 @@ class RetryFetch:
 
 @dataclass(frozen=True, slots=True)
 class HeadsTick:
-    topic: CID
+    """The node's one heads anti-entropy tick: it visits only topics whose heads changed
+    lately, and is not armed at all while every topic is idle."""
 
 
 # --------------------------------------------------------------------------- plumtree
@@ -108,9 +109,8 @@ class HeadsTick:
 
 @dataclass(frozen=True, slots=True)
 class DispatchTimer:
-    """Send the IHAVE entries queued for ``topic``'s lazy links as one message each."""
-
-    topic: CID
+    """Send the IHAVE entries queued for the lazy links of every topic: one batch per
+    neighbour (the node has one such timer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,8 @@ class GraftTimer:
 
 @dataclass(frozen=True, slots=True)
 class ShuffleTimer:
-    topic: CID
+    """The node's one shuffle tick: it visits topics that lack lazy links and are due
+    (each backs off while shuffles bring nobody new); not armed while none lacks any."""
 
 
 # --------------------------------------------------------------------------- floodsub

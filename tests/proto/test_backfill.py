@@ -156,12 +156,12 @@ class Net:
 
     def _timed(self, node: Node, fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
         start = time.perf_counter()
-        out = fn(*args)
+        out = fn(*args) + node.bf.arm_tick()  # as the core does after every input
         node.busy += time.perf_counter() - start
         return out
 
     def run(self, node: Node, outputs: list[Any]) -> None:
-        queue = deque((node, o) for o in outputs)
+        queue = deque((node, o) for o in [*outputs, *node.bf.arm_tick()])
         while queue:
             at, out = queue.popleft()
             self.max_held = max(self.max_held, at.bf.metrics["held"])
@@ -606,7 +606,7 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     for event in (e0, a1):  # the b branch never reached n
         net.run(n, n.bf.accepted(TID, event, 1, None, 0.0))
         n.has([event])
-    assert [timer for _, timer in n.timers] == [HeadsTick(TID)]
+    assert [timer for _, timer in n.timers] == [HeadsTick()]  # one for the node
     assert m.bf.heads(TID) == [a1.cid, b2.cid] and n.bf.heads(TID) == [a1.cid]
 
     net.advance(2.0)  # one heads tick on each side
@@ -620,9 +620,14 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     sent = len(net.sent)
     net.advance(4.0)  # nothing changed since: no heads are resent, nothing is fetched
     assert net.sent[sent:] == []
-    net.advance(10.0)  # the periodic refresh resends everything, still nothing to fetch
-    assert not [msg for _, _, msg in net.sent[sent:] if isinstance(msg, Want)]
+    net.advance(14.0)  # after 5 quiet ticks, heads go once more to everyone; nothing to fetch
+    refreshed = net.sent[sent:]
+    assert {(src, type(msg)) for src, _, msg in refreshed} == {(PEER, Heads), (PEER2, Heads)}
     assert n.bf.metrics["heads_unknown"] == 1 and m.bf.metrics["heads_unknown"] == 0
+    # Then the topic is idle: no timer armed, nothing sent however long nothing happens.
+    assert n.timers == [] and m.timers == []
+    net.advance(600.0)
+    assert net.sent[sent + len(refreshed):] == []
 
 
 # --------------------------------------------------------------------------- bounds
@@ -665,7 +670,7 @@ def test_close_forgets_the_topic() -> None:
     core.close(TID)
     assert core.metrics["held"] == 0 and core.metrics["gaps_open"] == 0
     assert core.on_blocks(PEER, Blocks(TID, chain[1].cid, (chain[1].block,)), 0.1) == []
-    assert core.on_timer(HeadsTick(TID), 1.0) == []
+    assert core.on_timer(HeadsTick(), 1.0) == []
     with pytest.raises(KeyError):
         core.accepted(TID, chain[1], 1, PEER, 0.2)
 

@@ -107,6 +107,22 @@ def test_join_received_by_a_member_stops_there() -> None:
     assert core.tree(topic.cid).children == {child}  # type: ignore[union-attr]
 
 
+def test_joined_names_members_so_a_new_child_has_lazy_links_without_a_shuffle() -> None:
+    author = _ident(1)
+    topic = _topic(author)
+    core = PulsarCore(author, StaticRouting([]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    first, second = _ident(2).peer_id, _ident(3).peer_id
+    core.handle(ev.Received(first, Join(topic.cid, topic.block)), 0.0)
+    out = core.handle(ev.Received(second, Join(topic.cid, topic.block)), 0.1)
+    assert out == [ev.Send(second, Joined(topic.cid, (), (first,)))]
+    # The child takes the sample as lazy links at once.
+    child = PulsarCore(_ident(3), StaticRouting([author.peer_id]))
+    child.handle(ev.Subscribe(topic), 0.2)
+    child.handle(ev.Received(author.peer_id, Joined(topic.cid, (), (first,))), 0.3)
+    assert child.lazy.lazy(topic.cid) == {first}
+
+
 def test_publish_stores_in_the_dht_before_forwarding() -> None:
     author = _ident(1)
     topic = _topic(author)
@@ -119,8 +135,12 @@ def test_publish_stores_in_the_dht_before_forwarding() -> None:
     stored = out[0]
     out = core.handle(ev.DhtStored(stored.cid, 3), 1.1)
     kinds = [type(o) for o in out]
-    assert kinds == [ev.Published, ev.Deliver, ev.Send, ev.SetTimer]
-    assert out[3] == ev.SetTimer(0.5, RecordTimer(topic.cid, 1.6))  # the heads record follows
+    assert kinds[:3] == [ev.Published, ev.Deliver, ev.Send]
+    # The heads record's debounce, the node's heads tick (the topic's heads changed) and
+    # its shuffle tick (the topic carries events and lacks lazy links).
+    timers = {type(o.timer) for o in out[3:] if isinstance(o, ev.SetTimer)}
+    assert timers == {RecordTimer, HeadsTick, ShuffleTimer} and len(out) == 6
+    assert ev.SetTimer(0.5, RecordTimer(topic.cid, 1.6)) in out  # the heads record follows
     send = out[2]
     assert send.peer == child and send.message == Event(topic.cid, stored.block, 1)
 

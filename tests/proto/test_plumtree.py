@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -29,15 +30,54 @@ TREE = {PEERS[0]}
 def _layer(blocks: dict[CID, bytes] | None = None, **config: Any) -> Plumtree:
     store = blocks or {}
     layer = Plumtree(ME, lambda topic: set(TREE), store.get, PlumtreeConfig(**config))
-    layer.start(TOPIC)
+    layer.start(TOPIC, 0.0)
     return layer
 
 
-def test_start_schedules_a_shuffle() -> None:
-    layer = Plumtree(ME, lambda t: set(), lambda c: None)
-    out = layer.start(TOPIC)
-    assert len(out) == 1 and out[0].timer == ShuffleTimer(TOPIC)
-    assert layer.start(TOPIC) == []
+def test_an_idle_topic_never_shuffles_and_one_tick_serves_every_topic() -> None:
+    layer = Plumtree(ME, lambda t: {PEERS[0]}, lambda c: None)
+    assert layer.start(TOPIC, 0.0) == []  # nothing armed: a topic that carries nothing
+    assert layer.start(TOPIC, 0.0) == []
+    other = cid_of(b"\xa1atc")
+    assert layer.start(other, 0.0) == []
+    # The first event makes it want lazy links: the node's one tick is armed, due within
+    # 1.5 shuffle intervals of the start (a JOINED usually names members well before).
+    out = layer.accepted(TOPIC, cid_of(b"\x07"), 1, PEERS[0], 1.0)
+    [tick] = [o for o in out if isinstance(o, ev.SetTimer)]
+    assert tick.timer == ShuffleTimer() and 14.0 <= tick.delay <= 44.0
+    assert layer.accepted(other, cid_of(b"\x08"), 1, PEERS[0], 1.0) == []  # already armed
+
+
+def test_a_topic_with_its_lazy_links_costs_nothing() -> None:
+    layer = _layer(lazy_peers=2)
+    layer.learn(TOPIC, PEERS[1:3], now=0.0)
+    assert len(layer.lazy(TOPIC)) == 2
+    layer.accepted(TOPIC, cid_of(b"\x07"), 1, PEERS[0], 1.0)
+    # The tick sends nothing and is not armed again: no timer while nothing lacks links.
+    assert layer.on_timer(ShuffleTimer(), lambda c: True, 40.0) == []
+
+
+def test_a_topic_lacking_links_shuffles_with_a_backoff_reset_by_news() -> None:
+    layer = _layer(lazy_peers=3, shuffle_interval=2.0, shuffle_backoff_max=16.0)
+    sent_at = []
+    now = 3.0  # the first is due within 1.5 intervals of the start
+    for number in range(60):
+        # Events keep flowing (an idle topic would not shuffle at all); the tick is armed
+        # again by the shuffle (still due later) or by the next event.
+        out = layer.accepted(TOPIC, cid_of(bytes([number])), 1, PEERS[0], now)
+        out += layer.on_timer(ShuffleTimer(), lambda c: True, now)
+        if any(isinstance(o, ev.Send) for o in out):
+            sent_at.append(now)
+        out += layer.accepted(TOPIC, cid_of(bytes([number, 1])), 1, PEERS[0], now)
+        now += min(o.delay for o in out if isinstance(o, ev.SetTimer))
+        if now > 60.0:
+            break
+    gaps = [b - a for a, b in itertools.pairwise(sent_at)]
+    assert sent_at and all(later >= earlier for earlier, later in itertools.pairwise(gaps))
+    assert max(gaps) >= 16.0 and len(sent_at) <= 8  # backed off, up to the cap
+    # Someone new resets the backoff: after the next shuffle, the one after comes sooner.
+    layer.on_shuffle(PEERS[1], Shuffle(TOPIC, (PEERS[2],), True), now)
+    assert len(layer.lazy(TOPIC)) == 2  # still lacking one
 
 
 def test_lazy_peers_come_from_the_passive_view_not_the_tree() -> None:
@@ -52,10 +92,16 @@ def test_accepted_events_are_announced_in_one_batch() -> None:
     layer.learn(TOPIC, [PEERS[1]], now=0.0)
     a, b = cid_of(b"\x01"), cid_of(b"\x02")
     first = layer.accepted(TOPIC, a, 2, PEERS[0], 0.0)
-    assert first == [ev.SetTimer(0.05, DispatchTimer(TOPIC))]
+    assert first == [ev.SetTimer(0.05, DispatchTimer())]
     assert layer.accepted(TOPIC, b, 3, PEERS[0], 0.0) == []  # timer already armed
-    out = layer.on_timer(DispatchTimer(TOPIC), lambda c: True, 0.1)
-    assert out == [ev.Send(PEERS[1], IHave(TOPIC, ((a, 2), (b, 3))))]
+    other = cid_of(b"\xa1atc")
+    layer.start(other, 0.0)
+    layer.learn(other, [PEERS[1]], now=0.0)
+    c = cid_of(b"\x05")
+    assert layer.accepted(other, c, 1, PEERS[0], 0.0) == []  # the node's one timer
+    out = layer.on_timer(DispatchTimer(), lambda c: True, 0.1)
+    assert out == [ev.Send(PEERS[1], IHave(TOPIC, ((a, 2), (b, 3)))),
+                   ev.Send(PEERS[1], IHave(other, ((c, 1),)))]
 
 
 def test_missing_event_is_grafted_from_announcers_in_turn() -> None:
@@ -109,12 +155,18 @@ def test_shuffle_is_answered_once_and_dead_peers_are_forgotten() -> None:
     assert PEERS[2] not in layer.lazy(TOPIC)
 
 
-def test_passive_entries_expire() -> None:
-    layer = _layer(passive_ttl=10.0)
+def test_a_peer_that_left_the_topic_is_forgotten_through_prune() -> None:
+    layer = _layer()
     layer.learn(TOPIC, [PEERS[1]], now=0.0)
     assert PEERS[1] in layer.lazy(TOPIC)
-    layer.on_timer(ShuffleTimer(TOPIC), lambda c: True, 20.0)
+    # It left: our IHAVE or SHUFFLE reaches a node without the topic, which answers PRUNE.
+    other = Plumtree(PEERS[1], lambda t: set(), lambda c: None)
+    assert other.on_ihave(ME, IHave(TOPIC, ((TOPIC, 1),)), lambda c: False, 0.0) == [
+        ev.Send(ME, Prune(TOPIC))]
+    assert other.on_shuffle(ME, Shuffle(TOPIC, (), False), 0.0) == [ev.Send(ME, Prune(TOPIC))]
+    out = layer.on_prune(PEERS[1], Prune(TOPIC), 1.0)
     assert PEERS[1] not in layer.lazy(TOPIC)
+    assert out == [] or isinstance(out[0].timer, ShuffleTimer)  # lacking a link: shuffle
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,55 @@
+"""BATCH: the control messages of many topics for one neighbour, in one frame.
+
+A node in thousands of topics would otherwise send thousands of small frames per period to
+the same neighbour (HEADS, IHAVE, SHUFFLE, PRUNE, GRAFT, each naming one topic). The core
+packs every such message it emits to one peer in one step into a BATCH
+(:func:`pulsar.proto.batching.coalesce`),
+so control traffic costs one frame per neighbour per period. Only those kinds may be inside
+(never a BATCH, never an event or a JOIN), at most :data:`MAX_BATCH` of them, and the
+receiver handles them in order exactly as if they had come one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from .gossip_messages import Graft, IHave, Prune, Shuffle
+from .messages import MessageError, decode_wire, register
+from .repair_messages import Heads
+
+__all__ = ["BATCH_BYTES", "MAX_BATCH", "Batch", "BatchItem"]
+
+MAX_BATCH: Final = 256
+"""Messages in one BATCH."""
+BATCH_BYTES: Final = 256 * 1024
+"""The estimated encoded size at which the core starts another BATCH."""
+
+BatchItem = Heads | IHave | Shuffle | Prune | Graft
+_KINDS: Final = frozenset(cls.T for cls in (Heads, IHave, Shuffle, Prune, Graft))
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Several control messages for the receiver, to be handled in order."""
+
+    messages: tuple[BatchItem, ...]
+    T: ClassVar[str] = "batch"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "msgs": [m.to_wire() for m in self.messages]}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Batch:
+        items = m["msgs"]
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+            raise MessageError(f"batch.msgs must be a list of 1 to {MAX_BATCH} messages")
+        messages = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise MessageError("batch.msgs holds messages (maps)")
+            messages.append(decode_wire(item, _KINDS))
+        return cls(tuple(messages))
+
+
+register(Batch, {"msgs"})
