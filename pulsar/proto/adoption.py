@@ -162,8 +162,9 @@ class VersionAdoption(CoreParts):
 
     def _version_resolved(self, cid: CID, now: float) -> Out:
         out: Out = []
-        for tree in list(self._trees.values()):
-            if cid in tree.sync_waiting:
+        for topic in self._version_waiters.pop(cid, ()):
+            tree = self._trees.get(topic)
+            if tree is not None and cid in tree.sync_waiting:
                 tree.sync_waiting.discard(cid)
                 out += self._maybe_synced(tree, now)
         return out

@@ -122,6 +122,7 @@ class PulsarCore(Publishing, VersionAdoption):
         self._meta_wanted: set[CID] = set()
         """Meta topics to join once their descriptor is fetched."""
         self._syncing: set[CID] = set()
+        self._version_waiters: dict[CID, set[CID]] = {}
         """Trees whose sync waits only for their JOIN to be answered (or to act as root)."""
         self.metrics: dict[str, int] = {
             "events_received": 0,

@@ -45,6 +45,9 @@ class CoreParts(ABC):
     _version_fetches: set[CID]
     _parent_checks: dict[CID, list[tuple[ev.Publish, CID]]]
     _syncing: set[CID]
+    _version_waiters: dict[CID, set[CID]]
+    """Topic version -> the trees whose publishing waits for it (an index, so adopting a
+    version costs the trees that wait, not every tree the node knows)."""
 
     # -- core.py
     @abstractmethod

@@ -158,6 +158,7 @@ class Publishing(CoreParts):
                 continue
             if self.versions.get(record.version) is None:
                 tree.sync_waiting.add(record.version)
+                self._version_waiters.setdefault(record.version, set()).add(tree.topic.cid)
                 out += self._fetch_version(record.version)
             heads += record.heads
             if newest is None or record.created > newest.created:
