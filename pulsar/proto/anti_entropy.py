@@ -24,6 +24,9 @@ from .repair_messages import MAX_BLOCK, Blocks, Heads, Want
 
 __all__ = ["AntiEntropy"]
 
+_REFRESH_ROUNDS = (1, 2, 4, 8, 16)
+"""Quiet periods (in ``heads_refresh`` ticks) after which heads go to every neighbour."""
+
 
 class AntiEntropy(BackfillParts):
     """The anti-entropy part of :class:`~pulsar.proto.backfill.Backfill`: HEADS exchange and
@@ -86,8 +89,9 @@ class AntiEntropy(BackfillParts):
 
     def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:
         """Send our heads of an active ``topic`` to each neighbour that has not had this
-        set yet; after ``heads_refresh`` quiet ticks, to all of them once more, and the
-        topic falls idle (it costs nothing until its heads change again)."""
+        set yet; after 1, 2, 4, 8 and 16 times ``heads_refresh`` quiet ticks, to all of
+        them (a lost HEADS is caught up); then the topic falls idle (it costs nothing until
+        its heads change again)."""
         state = self._topics.get(topic)
         if state is None:
             self._active.pop(topic, None)
@@ -104,8 +108,9 @@ class AntiEntropy(BackfillParts):
             state.last_heads, state.quiet = current, 0
         else:
             state.quiet += 1
-        refresh = state.quiet >= self.config.heads_refresh
-        if refresh:
+        rounds, rest = divmod(state.quiet, self.config.heads_refresh)
+        refresh = rest == 0 and rounds in _REFRESH_ROUNDS
+        if rounds >= _REFRESH_ROUNDS[-1]:
             self._active.pop(topic, None)
         message = Heads(topic, tuple(heads))
         out: Out = []

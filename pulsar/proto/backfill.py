@@ -146,7 +146,10 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
         self._next_gap = 0
         self._repaired: list[tuple[CID, EventDescriptor]] = []
         self._active: dict[CID, None] = {}
+        self._woke = False
+        self._tick_seq = 0
         self._tick_armed = False
+        self._tick_prompt = False
         self._counts: dict[str, int] = {
             "delivered": 0,
             "backfilled": 0,
@@ -164,12 +167,19 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
         }
 
     def arm_tick(self) -> Out:
-        """The heads tick's timer, if a topic is active and it is not armed yet (the core
-        asks after every input: one timer for the node, none while all is idle)."""
-        if self._tick_armed or not self._active or self._neighbours is None:
+        """The heads tick's timer, if a topic is active and it is not armed yet, or armed
+        for later than ``heads_first_delay`` while a topic just woke up (the core asks after
+        every input: one live timer for the node, none while all is idle)."""
+        woke, self._woke = self._woke, False
+        if not self._active or self._neighbours is None:
             return []
-        self._tick_armed = True
-        return [ev.SetTimer(self.config.heads_interval, HeadsTick())]
+        prompt = woke and not (self._tick_armed and self._tick_prompt)
+        if self._tick_armed and not prompt:
+            return []
+        self._tick_seq += 1
+        self._tick_armed, self._tick_prompt = True, prompt
+        delay = self.config.heads_first_delay if prompt else self.config.heads_interval
+        return [ev.SetTimer(delay, HeadsTick(self._tick_seq))]
 
     @property
     def metrics(self) -> dict[str, int]:
@@ -191,6 +201,8 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
                 self._pump(self._topics[gap.topic], gap, now, out)
                 return out
             case HeadsTick():
+                if timer.seq != self._tick_seq:
+                    return []  # re-armed sooner since: this one is stale
                 self._tick_armed = False
                 out = []
                 for topic in list(self._active):

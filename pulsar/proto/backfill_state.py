@@ -69,9 +69,13 @@ class BackfillConfig:
     gap_timeout: float = 5.0
     """The longest a gap holds delivery back before it is reported and skipped."""
     heads_interval: float = 2.0
+    heads_first_delay: float = 0.1
+    """When an idle topic's heads change, the tick comes this soon (its neighbours learn of
+    a new head at once even if its publisher dies right after), then every interval."""
     heads_refresh: int = 5
     """Heads are sent to a neighbour when they changed since it last had them; after this
-    many quiet ticks they go to every neighbour once more (a lost HEADS is caught up) and
+    many quiet ticks they go to every neighbour again, and again after 2, 4, 8 and 16
+    times as many (so a lost HEADS is caught up even if one refresh is lost too); then
     the topic falls idle: nothing more is sent for it until its heads change again."""
     have_count: int = 8
     """How many of our newest heads a WANT carries, so the answer stops where we resume."""
@@ -221,6 +225,13 @@ class BackfillParts(ABC):
     _counts: dict[str, int]
     _active: dict[CID, None]
     """Topics whose heads changed lately: the only ones the heads tick visits."""
+    _woke: bool
+    """A topic became active since the tick was last armed."""
+
+    def _activate(self, topic: CID) -> None:
+        if topic not in self._active:
+            self._active[topic] = None
+            self._woke = True
 
     # -- causal.py
     @abstractmethod

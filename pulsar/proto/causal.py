@@ -78,7 +78,7 @@ class CausalOrder(BackfillParts):
             bounded_put(state.settled, head, None, self.config.settled_limit)
             bounded_put(state.heads, head, None, self.config.heads_limit)
         if state.heads:
-            self._active[topic] = None
+            self._activate(topic)
 
     def close(self, topic: CID) -> None:
         """Forget ``topic`` (unsubscribed): held events are dropped, gaps closed."""
@@ -246,4 +246,4 @@ class CausalOrder(BackfillParts):
             del state.released[cid]
         else:
             bounded_put(state.heads, cid, None, self.config.heads_limit)
-        self._active[state.cid] = None
+        self._activate(state.cid)

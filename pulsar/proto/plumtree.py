@@ -52,10 +52,10 @@ class PlumtreeConfig:
     lazy_peers: int = 3
     """Lazy links per topic: enough that a lost eager copy is announced by someone else."""
     passive_size: int = 32
-    shuffle_interval: float = 30.0
-    """How long after it started (or last learned someone) a topic lacking lazy links
-    shuffles; each shuffle that brings nobody new doubles it. A new member's first lazy
-    links come from its parent's JOINED, so shuffles are only the slow path."""
+    shuffle_interval: float = 2.0
+    """The first wait of a topic that carries events and lacks lazy links (its first
+    shuffle comes within this of its first event); each shuffle doubles the wait, and
+    learning a new member resets it. Idle topics never shuffle."""
     shuffle_backoff_max: float = 600.0
     """The longest a topic lacking lazy links waits between shuffles (a small topic may
     have no more members to find)."""
@@ -120,12 +120,12 @@ class Plumtree:
 
     def start(self, topic: CID, now: float) -> Out:
         """A tree the node joined. Its first lazy links come from its parent's JOINED; if
-        it still lacks some once it carries events, a shuffle is due one interval after
-        the start (jittered, so topics started together do not shuffle together)."""
+        it still lacks some once it carries events, it shuffles within one interval
+        (jittered, so topics started together do not shuffle together)."""
         if topic in self._topics:
             return []
         interval = self.config.shuffle_interval
-        due = now + interval * (0.5 + self.rng.random())
+        due = now + interval * self.rng.random()
         self._topics[topic] = _Topic(shuffle_due=due, shuffle_backoff=interval)
         return []
 

@@ -101,7 +101,10 @@ class RetryFetch:
 @dataclass(frozen=True, slots=True)
 class HeadsTick:
     """The node's one heads anti-entropy tick: it visits only topics whose heads changed
-    lately, and is not armed at all while every topic is idle."""
+    lately, and is not armed at all while every topic is idle. ``seq`` names the armed
+    one: a tick re-armed sooner (a topic woke up) makes the older one stale."""
+
+    seq: int
 
 
 # --------------------------------------------------------------------------- plumtree

@@ -606,7 +606,8 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     for event in (e0, a1):  # the b branch never reached n
         net.run(n, n.bf.accepted(TID, event, 1, None, 0.0))
         n.has([event])
-    assert [timer for _, timer in n.timers] == [HeadsTick()]  # one for the node
+    assert [type(timer) for _, timer in n.timers] == [HeadsTick]  # one for the node
+    assert [when for when, _ in n.timers] == [0.1]  # prompt: the topic just woke up
     assert m.bf.heads(TID) == [a1.cid, b2.cid] and n.bf.heads(TID) == [a1.cid]
 
     net.advance(2.0)  # one heads tick on each side
@@ -624,10 +625,15 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     refreshed = net.sent[sent:]
     assert {(src, type(msg)) for src, _, msg in refreshed} == {(PEER, Heads), (PEER2, Heads)}
     assert n.bf.metrics["heads_unknown"] == 1 and m.bf.metrics["heads_unknown"] == 0
-    # Then the topic is idle: no timer armed, nothing sent however long nothing happens.
+    # Again after 10, 20, 40 and 80 quiet ticks (a lost refresh is covered by the next)...
+    net.advance(200.0)
+    refreshes = [src for src, _, msg in net.sent[sent:] if isinstance(msg, Heads)]
+    assert refreshes.count(PEER) == refreshes.count(PEER2) == 5
+    # ...then the topic is idle: no timer armed, nothing sent however long nothing happens.
     assert n.timers == [] and m.timers == []
-    net.advance(600.0)
-    assert net.sent[sent + len(refreshed):] == []
+    total = len(net.sent)
+    net.advance(2000.0)
+    assert len(net.sent) == total
 
 
 # --------------------------------------------------------------------------- bounds
@@ -670,7 +676,7 @@ def test_close_forgets_the_topic() -> None:
     core.close(TID)
     assert core.metrics["held"] == 0 and core.metrics["gaps_open"] == 0
     assert core.on_blocks(PEER, Blocks(TID, chain[1].cid, (chain[1].block,)), 0.1) == []
-    assert core.on_timer(HeadsTick(), 1.0) == []
+    assert core.on_timer(HeadsTick(1), 1.0) == []
     with pytest.raises(KeyError):
         core.accepted(TID, chain[1], 1, PEER, 0.2)
 

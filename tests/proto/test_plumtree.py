@@ -40,11 +40,11 @@ def test_an_idle_topic_never_shuffles_and_one_tick_serves_every_topic() -> None:
     assert layer.start(TOPIC, 0.0) == []
     other = cid_of(b"\xa1atc")
     assert layer.start(other, 0.0) == []
-    # The first event makes it want lazy links: the node's one tick is armed, due within
-    # 1.5 shuffle intervals of the start (a JOINED usually names members well before).
+    # The first event makes it want lazy links: the node's one tick is armed, due within a
+    # shuffle interval of the start (a JOINED usually names members before).
     out = layer.accepted(TOPIC, cid_of(b"\x07"), 1, PEERS[0], 1.0)
     [tick] = [o for o in out if isinstance(o, ev.SetTimer)]
-    assert tick.timer == ShuffleTimer() and 14.0 <= tick.delay <= 44.0
+    assert tick.timer == ShuffleTimer() and tick.delay <= 2.0
     assert layer.accepted(other, cid_of(b"\x08"), 1, PEERS[0], 1.0) == []  # already armed
 
 
@@ -60,7 +60,7 @@ def test_a_topic_with_its_lazy_links_costs_nothing() -> None:
 def test_a_topic_lacking_links_shuffles_with_a_backoff_reset_by_news() -> None:
     layer = _layer(lazy_peers=3, shuffle_interval=2.0, shuffle_backoff_max=16.0)
     sent_at = []
-    now = 3.0  # the first is due within 1.5 intervals of the start
+    now = 2.0  # the first is due within an interval of the start
     for number in range(60):
         # Events keep flowing (an idle topic would not shuffle at all); the tick is armed
         # again by the shuffle (still due later) or by the next event.
