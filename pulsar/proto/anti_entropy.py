@@ -1,8 +1,8 @@
 """Heads anti-entropy and WANT answering.
 
 Each ``heads_interval`` a node sends its heads to its tree and lazy neighbours (only where
-they changed, and to everyone every ``heads_refresh`` ticks); a head it does not know opens
-a gap toward the neighbour that named it — or the DHT, for heads read from heads records.
+they changed, and to everyone after 1, 2, 4, 8, 16 and 32 quiet ticks); a head it does not
+know opens a gap toward the neighbour that named it — or the DHT, for heads read from heads records.
 This finds branches nobody forwarded. A WANT is answered from the local store with one
 BLOCKS batch, newest first, stopping where the asker said its history resumes.
 """
@@ -24,7 +24,7 @@ from .repair_messages import MAX_BLOCK, Blocks, Heads, Want
 
 __all__ = ["AntiEntropy"]
 
-_REFRESH_ROUNDS = (1, 2, 4, 8, 16)
+_REFRESH_ROUNDS = (1, 2, 4, 8, 16, 32)
 """Quiet periods (in ``heads_refresh`` ticks) after which heads go to every neighbour."""
 
 
@@ -89,7 +89,7 @@ class AntiEntropy(BackfillParts):
 
     def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:
         """Send our heads of an active ``topic`` to each neighbour that has not had this
-        set yet; after 1, 2, 4, 8 and 16 times ``heads_refresh`` quiet ticks, to all of
+        set yet; after 1, 2, 4, 8, 16 and 32 times ``heads_refresh`` quiet ticks, to all of
         them (a lost HEADS is caught up); then the topic falls idle (it costs nothing until
         its heads change again)."""
         state = self._topics.get(topic)

@@ -43,7 +43,7 @@ gap timeout                            report ``GapReported`` and deliver the he
 held events reach ``max_pending``      release the oldest gap early (``"overflow"``)
 HEADS from a neighbour                 open a gap (WANT to that neighbour) per unknown head
 heads timer                            send our heads to each neighbour whose copy is stale
-                                       (all of them every ``heads_refresh`` ticks)
+                                       (all of them after 1, 2, 4 ... 32 quiet ticks)
 WANT from a peer                       answer from the local store with one BLOCKS batch
 =====================================  =====================================================
 

@@ -72,11 +72,12 @@ class BackfillConfig:
     heads_first_delay: float = 0.1
     """When an idle topic's heads change, the tick comes this soon (its neighbours learn of
     a new head at once even if its publisher dies right after), then every interval."""
-    heads_refresh: int = 5
+    heads_refresh: int = 1
     """Heads are sent to a neighbour when they changed since it last had them; after this
-    many quiet ticks they go to every neighbour again, and again after 2, 4, 8 and 16
-    times as many (so a lost HEADS is caught up even if one refresh is lost too); then
-    the topic falls idle: nothing more is sent for it until its heads change again."""
+    many quiet ticks they go to every neighbour again, and again after 2, 4, 8, 16 and 32
+    times as many (a lost HEADS or event is caught up within a tick or two, and still if a
+    refresh is lost too); then the topic falls idle: nothing more is sent for it until its
+    heads change again."""
     have_count: int = 8
     """How many of our newest heads a WANT carries, so the answer stops where we resume."""
     max_pending: int = 20_000

@@ -273,9 +273,8 @@ class _ProtocolRun:
         record: dict[str, Any] = {"t": time.time(), "kind": step.kind,
                                   "nodes": list(step.nodes)}
         self.faults.append(record)
-        elapsed = time.time() - self.publish_start
         if step.kind == "crash":
-            await asyncio.gather(*(self._crash(node, elapsed) for node in step.nodes))
+            await asyncio.gather(*(self._crash(node) for node in step.nodes))
         elif step.kind == "restart":
             # All at once: one after the other, a wave of 20 took minutes (each start
             # proves its contacts and resumes its subscriptions before it answers).
@@ -295,7 +294,7 @@ class _ProtocolRun:
         elif step.kind == "heal":
             await self._each(lambda a: a.call("heal"), quiet=True)
 
-    async def _crash(self, node: int, elapsed: float) -> None:
+    async def _crash(self, node: int) -> None:
         agent = self.agents[node]
         if agent is None or not self.up[node]:
             return
@@ -307,11 +306,14 @@ class _ProtocolRun:
         except (OSError, TimeoutError, RuntimeError, KeyError):
             acked = Counter()
         await agent.kill()
+        # Due times are compared with the moment of the kill, not when the fault began:
+        # the node went on publishing while it was asked for its count.
+        killed_at = time.time() - self.publish_start
         handed, self.handed[node] = self.handed[node], []
         # What it would have published while down is never published.
-        lost = [p for p in handed if p.at >= elapsed]
+        lost = [p for p in handed if p.at >= killed_at]
         self.expected_log -= sum(len(self.plan.topics[p.topic].subscribers) for p in lost)
-        due = Counter(self.topic_cids[p.topic] for p in handed if p.at < elapsed)
+        due = Counter(self.topic_cids[p.topic] for p in handed if p.at < killed_at)
         by_cid = {cid: len(t.subscribers) for cid, t in zip(self.topic_cids, self.plan.topics,
                                                               strict=True)}
         self.uncertain_log += sum(max(0, count - acked[cid]) * by_cid[cid]

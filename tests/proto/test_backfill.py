@@ -598,8 +598,9 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     (b1,) = _chain(1, parent=e0.cid, start=T0 + 11, publisher=OTHER, tag="b")
     (b2,) = _chain(1, parent=b1.cid, start=T0 + 12, publisher=OTHER, tag="b2")
     net = Net()
-    m = net.add(PEER, neighbours=lambda topic: [PEER2])
-    n = net.add(PEER2, neighbours=lambda topic: [PEER])
+    slow = BackfillConfig(heads_refresh=5)  # refreshes after 5, 10, 20 ... 160 quiet ticks
+    m = net.add(PEER, neighbours=lambda topic: [PEER2], config=slow)
+    n = net.add(PEER2, neighbours=lambda topic: [PEER], config=slow)
     for event in (e0, a1, b1, b2):
         net.run(m, m.bf.accepted(TID, event, 1, None, 0.0))
         m.has([event])
@@ -625,14 +626,14 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     refreshed = net.sent[sent:]
     assert {(src, type(msg)) for src, _, msg in refreshed} == {(PEER, Heads), (PEER2, Heads)}
     assert n.bf.metrics["heads_unknown"] == 1 and m.bf.metrics["heads_unknown"] == 0
-    # Again after 10, 20, 40 and 80 quiet ticks (a lost refresh is covered by the next)...
-    net.advance(200.0)
+    # Again after 10, 20, 40, 80 and 160 quiet ticks (a lost refresh is covered by the next)...
+    net.advance(400.0)
     refreshes = [src for src, _, msg in net.sent[sent:] if isinstance(msg, Heads)]
-    assert refreshes.count(PEER) == refreshes.count(PEER2) == 5
+    assert refreshes.count(PEER) == refreshes.count(PEER2) == 6
     # ...then the topic is idle: no timer armed, nothing sent however long nothing happens.
     assert n.timers == [] and m.timers == []
     total = len(net.sent)
-    net.advance(2000.0)
+    net.advance(4000.0)
     assert len(net.sent) == total
 
 
