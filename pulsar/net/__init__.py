@@ -2,21 +2,26 @@
 
 Persistent TCP connections between peers, on the same port number as the node's UDP DHT
 port, carrying length-prefixed frames whose payloads are the protocol layer's DAG-CBOR
-messages (the transport never decodes them). Each connection starts with an authenticated
-handshake in which each side signs the other's nonce, so the peer id, and with it the
-Kademlia id ``sha1(peer id)``, is proven before any payload flows. One connection per pair
+messages (the transport never decodes them). Each connection starts with a Noise XX
+handshake (X25519, ChaCha20-Poly1305, SHA-256) in which each side's Ed25519 identity signs
+its Noise static key, as in libp2p, so the peer id, and with it the Kademlia id
+``sha1(peer id)``, is proven before any payload flows; every frame after it is encrypted and
+authenticated, so nobody on the path can read, inject, alter or replay one. One connection per pair
 of peers carries every topic; per-peer send queues are bounded and apply back-pressure;
 dropped connections are re-dialed; a fault injector can drop, delay and partition traffic
 for tests and the testbed.
 
 Modules: :mod:`~pulsar.net.framing` (frames, and the wire format notes),
-:mod:`~pulsar.net.handshake` (sans-I/O handshake), :mod:`~pulsar.net.connection` (one TCP
-connection), :mod:`~pulsar.net.transport` (peers, queues, dialing), :mod:`~pulsar.net.faults`,
+:mod:`~pulsar.net.noise` (the Noise primitives), :mod:`~pulsar.net.handshake` (sans-I/O
+handshake and identity binding), :mod:`~pulsar.net.secure` (records: sealing and opening the
+frame stream), :mod:`~pulsar.net.connection` (one TCP connection),
+:mod:`~pulsar.net.transport` (peers, queues, dialing), :mod:`~pulsar.net.faults`,
 :mod:`~pulsar.net.config`, :mod:`~pulsar.net.errors`, :mod:`~pulsar.net.bench`.
 """
 
 from .config import TransportConfig, TransportStats
 from .errors import (
+    BadRecord,
     FrameTooLarge,
     HandshakeError,
     PeerUnreachable,
@@ -27,6 +32,7 @@ from .faults import FaultInjector, FaultStats
 from .transport import ConnectionInfo, Transport
 
 __all__ = [
+    "BadRecord",
     "ConnectionInfo",
     "FaultInjector",
     "FaultStats",

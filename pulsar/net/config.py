@@ -26,7 +26,8 @@ class TransportConfig:
     send_nowait() refuses: the back-pressure bound, and what a slow peer can cost us."""
 
     handshake_timeout: float = 5.0
-    """From TCP connect to verified AUTH; a silent or slow client is dropped after it."""
+    """From TCP connect to a completed handshake; a silent or slow client is dropped after
+    it."""
 
     connect_timeout: float = 5.0
     """For the TCP connect of one dial attempt."""
@@ -44,6 +45,13 @@ class TransportConfig:
     drain_timeout: float = 5.0
     """How long a retired connection may take to finish its GOAWAY exchange before it is
     simply closed (and how long close() waits for peers to see our GOAWAY)."""
+
+    encrypt: bool = True
+    """Encrypt and authenticate every frame after the handshake (ChaCha20-Poly1305 records).
+    Off only for the benchmark's plaintext baseline and tests: the Noise handshake still
+    authenticates both peers, but frames then travel in the clear, unprotected. The setting
+    is part of the handshake's prologue, so two transports that disagree on it fail the
+    handshake instead of misreading each other. Never turn it off in a node."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_frame <= MAX_FRAME_LIMIT:
@@ -99,6 +107,9 @@ class TransportStats:
     """Connections closed because nothing was received for ``dead_after`` seconds."""
     dial_failures: int = 0
     """Failed dial attempts (refused, timed out, handshake failed, partitioned)."""
+    bad_records: int = 0
+    """Connections closed for an encrypted record that did not authenticate (tampered,
+    replayed, reordered or forged)."""
 
     def snapshot(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -1,4 +1,4 @@
-"""One TCP connection to a peer: handshake, frame I/O, keepalive, graceful close.
+"""One TCP connection to a peer: Noise handshake, encrypted frame I/O, keepalive, close.
 
 A :class:`Connection` is an ``asyncio.Protocol``: the event loop calls it when bytes arrive
 or the socket's write buffer fills, and it parses frames straight out of the received
@@ -9,13 +9,21 @@ calls through the small :class:`ConnectionOwner` interface.
 
 Lifecycle (``state``)::
 
-    HANDSHAKE --AUTH verified--> OPEN --retire(), GOAWAY read--> RETIRING --GOAWAY done--> CLOSED
+    HANDSHAKE --peer verified--> OPEN --retire(), GOAWAY read--> RETIRING --GOAWAY done--> CLOSED
         |                          |                                |
         +--> CLOSED: rejected, handshake/keepalive/drain timeout, reset, abort(), close()
 
 In OPEN the connection carries DATA in both directions; in RETIRING it sends no more DATA but
 still delivers the peer's DATA until the peer's GOAWAY. The owner is told exactly once that
 a connection is gone (``conn_lost``), from ``connection_lost``.
+
+Bytes on the wire are records (:mod:`pulsar.net.secure`): the handshake's Noise messages,
+then sealed pieces of the frame stream. Every write after the handshake, DATA and control
+frames alike, is sealed at the moment it is handed to the socket (:meth:`Connection._write`,
+:meth:`Connection.write_frames`), so records leave in nonce order whatever the fault
+injector's delay line did to the frames; every record read is decrypted and authenticated
+before a byte of it is parsed as a frame, and one that does not authenticate ends the
+connection.
 """
 
 from __future__ import annotations
@@ -32,16 +40,12 @@ from typing import Final, Protocol, cast
 from dag import Identity, PeerId
 
 from .config import TransportConfig, TransportStats
-from .errors import FrameTooLarge, HandshakeError, RemoteProtocolError
+from .errors import BadRecord, FrameTooLarge, HandshakeError, RemoteProtocolError
 from .faults import FaultInjector
-from .framing import (
-    HANDSHAKE_MAX_FRAME,
-    FrameDecoder,
-    Kind,
-    encode_control,
-    encode_frame,
-)
-from .handshake import Handshake
+from .framing import HANDSHAKE_MAX_FRAME, FrameDecoder, Kind, encode_control
+from .handshake import PROLOGUE, PROLOGUE_PLAINTEXT, Handshake, StaticKey
+from .noise import CipherState, NoiseError
+from .secure import MAX_RECORD, RecordDecoder, encode_record, seal
 
 __all__ = ["ConnState", "Connection", "ConnectionOwner"]
 
@@ -75,15 +79,18 @@ class ConnectionOwner(Protocol):
     def stats(self) -> TransportStats: ...
     @property
     def faults(self) -> FaultInjector | None: ...
+    @property
+    def static_key(self) -> StaticKey: ...
 
     def hello_listen(self) -> tuple[str, int]:
-        """The listen address to advertise in our HELLO."""
+        """The listen address to advertise in our handshake payload."""
 
     def conn_made(self, conn: Connection) -> None:
         """TCP is up, the handshake starts."""
 
     def conn_admit(self, conn: Connection, peer: PeerId) -> bool:
-        """After the peer's HELLO: False refuses the peer (fault-injected partition)."""
+        """Once the peer is authenticated, before we answer it: False refuses the peer
+        (fault-injected partition)."""
 
     def conn_established(self, conn: Connection) -> None:
         """The handshake completed; ``conn.peer`` is authenticated."""
@@ -125,8 +132,18 @@ class Connection(asyncio.Protocol):
         self.closing = False
         """True once CLOSED (a plain flag: read once per frame on the hot path)."""
         self.established = False
-        self.handshake = Handshake(owner.identity, owner.hello_listen(), expected=expected)
-        self.decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
+        self.handshake = Handshake(
+            owner.static_key,
+            owner.hello_listen(),
+            initiator=outbound,
+            expected=expected,
+            prologue=PROLOGUE if self._config.encrypt else PROLOGUE_PLAINTEXT,
+        )
+        self.records = RecordDecoder(HANDSHAKE_MAX_FRAME)
+        self.decoder = FrameDecoder(self._config.max_frame + 1)
+        self._send_cipher: CipherState | None = None
+        self._recv_cipher: CipherState | None = None
+        self._admitted = False
         self.peer: PeerId | None = None
         self.listen_address: tuple[str, int] | None = None
         self.remote: tuple[str, int] | None = None
@@ -167,7 +184,9 @@ class Connection(asyncio.Protocol):
         self._owner.conn_made(self)
         if self.state is ConnState.CLOSED:  # the owner refused it (closing)
             return
-        self._write(encode_frame(self.handshake.hello()))
+        first = self.handshake.start()
+        if first is not None:  # we dialed: the initiator speaks first
+            self._write(encode_record(first))
         self._set_timer(self._config.handshake_timeout, self._handshake_expired)
 
     def data_received(self, data: bytes) -> None:
@@ -175,13 +194,14 @@ class Connection(asyncio.Protocol):
             return
         self.last_rx = self._loop.time()
         decoder = self.decoder
-        decoder.feed(data)
         try:
-            while self.state is ConnState.HANDSHAKE:
-                body = decoder.next_frame()
-                if body is None:
-                    return
-                self._handshake_frame(body)
+            recv = self._recv_cipher
+            if recv is not None:  # the hot path
+                decoder.feed(self.records.open(data, recv))
+            elif self.established:  # encrypt=False (benchmark baseline, tests)
+                decoder.feed(data)
+            else:
+                self._handshake_data(data)
             peer = self.peer
             if peer is None or self.closing:  # closed during or right after the handshake
                 return
@@ -199,6 +219,9 @@ class Connection(asyncio.Protocol):
             self._fail(f"oversized frame: {exc}")
         except HandshakeError as exc:
             self._fail(f"handshake rejected: {exc}")
+        except BadRecord as exc:
+            self._owner.stats.bad_records += 1
+            self._fail(f"bad record: {exc}")
         except RemoteProtocolError as exc:
             self._owner.stats.protocol_errors += 1
             self._fail(f"protocol error: {exc}")
@@ -253,8 +276,7 @@ class Connection(asyncio.Protocol):
     def write_frames(self, frames: list[bytes]) -> None:
         """Write encoded DATA frames now, in one system call where the kernel allows."""
         self.data_out += len(frames)
-        assert self._transport is not None
-        self._transport.write(b"".join(frames) if len(frames) > 1 else frames[0])
+        self._write(b"".join(frames) if len(frames) > 1 else frames[0])
 
     def write_delayed(self, frame: bytes, delay: float, *, reorder: bool) -> None:
         """Write an encoded DATA frame after ``delay`` seconds (fault injection). Unless
@@ -299,32 +321,53 @@ class Connection(asyncio.Protocol):
     def describe(self) -> str:
         direction = "connection to" if self.outbound else "connection from"
         where = f"{self.remote[0]}:{self.remote[1]}" if self.remote else "?"
-        peer = self.peer or (self.handshake.their_hello.peer if self.handshake.their_hello
-                             else None)
+        peer = self.peer or self.handshake.peer
         return f"{direction} {where}" + (f" ({peer})" if peer else "")
 
     # --- handshake -------------------------------------------------------------------------
 
-    def _handshake_frame(self, body: bytes) -> None:
-        reply = self.handshake.receive(body)
+    def _handshake_data(self, data: bytes) -> None:
+        """Bytes read during the handshake: records one at a time (each may change the
+        state); what follows the last one in the same read is the frame stream."""
+        records = self.records
+        records.feed(data)
+        while self.state is ConnState.HANDSHAKE:
+            message = records.next_record()
+            if message is None:
+                return
+            self._handshake_message(message)
+        if self.closing:  # refused, or a callback closed us
+            return
+        recv = self._recv_cipher
+        self.decoder.feed(records.take_rest() if recv is None else records.open(b"", recv))
+
+    def _handshake_message(self, message: bytes) -> None:
+        handshake = self.handshake
+        reply = handshake.receive(message)
+        peer = handshake.peer
+        if peer is not None and not self._admitted:
+            # Authenticated just now (initiator: message 2, responder: message 3); refuse
+            # before answering, so the other side never takes the connection for accepted.
+            if not self._owner.conn_admit(self, peer):
+                raise HandshakeError(f"{peer} is cut off by fault injection")
+            self._admitted = True
         if reply is not None:
-            their = self.handshake.their_hello
-            assert their is not None
-            if not self._owner.conn_admit(self, their.peer):
-                raise HandshakeError(f"{their.peer} is cut off by fault injection")
-            self._write(encode_frame(reply))
-        if self.handshake.done:
+            self._write(encode_record(reply))
+        if handshake.done:
             self._established()
 
     def _established(self) -> None:
-        their = self.handshake.their_hello
+        their = self.handshake.their
         assert their is not None
         self.peer = their.peer
         host = self.remote[0] if self.remote else their.listen[0]
         self.listen_address = (host, their.listen[1])
+        if self._config.encrypt:
+            # From here on every write is sealed and every read opened (see _write).
+            self._send_cipher, self._recv_cipher = self.handshake.ciphers()
+            self.records.max_record = MAX_RECORD
         self.state = ConnState.OPEN
         self.established = True
-        self.decoder.max_body = self._config.max_frame + 1
         now = self._loop.time()
         self.last_rx = self._last_ping = now
         self._set_timer(self._config.idle_ping, self._keepalive)
@@ -457,8 +500,19 @@ class Connection(asyncio.Protocol):
         return faults.control(self._owner.identity.peer_id, peer)
 
     def _write(self, data: bytes) -> None:
-        if self._transport is not None and self.state is not ConnState.CLOSED:
+        """Hand bytes to the socket. After the handshake they are frames, sealed into
+        records here and nowhere else: the order of the nonces is the order of the writes,
+        whatever was delayed or reordered before."""
+        if self._transport is None or self.state is ConnState.CLOSED:
+            return
+        cipher = self._send_cipher
+        if cipher is None:
             self._transport.write(data)
+            return
+        try:
+            self._transport.write(seal(cipher, data))
+        except NoiseError as exc:  # 2^64 - 1 records sent: the session must end
+            self._fail(f"cannot send: {exc}")
 
     def _set_timer(self, delay: float, callback: Callable[[], None]) -> None:
         if self._timer is not None:

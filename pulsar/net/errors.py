@@ -11,8 +11,10 @@ peer can never raise into the event loop or into application code::
     ValueError
      └── RemoteProtocolError    a peer broke the wire protocol; never escapes a connection
           ├── FrameTooLarge     a length prefix above the limit (before any allocation)
-          └── HandshakeError    a HELLO/AUTH that is malformed, does not verify, is ours,
-                                or names a peer we did not dial
+          ├── HandshakeError    a handshake message that is malformed, does not
+          │                     authenticate, is ours, or names a peer we did not dial
+          └── BadRecord         an encrypted record that does not authenticate (tampered,
+                                replayed, reordered or forged on the way)
 
 Callers' misuse (a payload larger than ``max_frame``, sending to ourselves) raises a plain
 ``ValueError`` at the call site.
@@ -21,6 +23,7 @@ Callers' misuse (a payload larger than ``max_frame``, sending to ourselves) rais
 from __future__ import annotations
 
 __all__ = [
+    "BadRecord",
     "FrameTooLarge",
     "HandshakeError",
     "PeerUnreachable",
@@ -53,3 +56,8 @@ class FrameTooLarge(RemoteProtocolError):
 class HandshakeError(RemoteProtocolError):
     """A handshake that must not succeed: malformed, unverifiable, to ourselves, or to the
     wrong peer."""
+
+
+class BadRecord(RemoteProtocolError):
+    """An encrypted record that does not authenticate: tampered with, replayed, reordered or
+    forged on the way. The connection cannot go on (the nonces are out of step for good)."""

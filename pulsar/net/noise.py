@@ -53,6 +53,9 @@ MAX_MESSAGE: Final = 65535
 _MAX_NONCE: Final = (1 << 64) - 1  # reserved (§5.1); reaching it means the session must end
 _NONCE: Final = struct.Struct("<4xQ")  # ChaChaPoly nonce: 32 zero bits, 64-bit LE counter
 
+Bytes = bytes | bytearray | memoryview
+"""What the AEAD accepts: the transport decrypts records straight out of its receive buffer."""
+
 XX: Final[tuple[tuple[str, ...], ...]] = (
     ("e",),
     ("e", "ee", "s", "es"),
@@ -83,9 +86,9 @@ class CipherState:
         self.has_key = True
         self.n = 0
 
-    def encrypt_with_ad(self, ad: bytes, plaintext: bytes) -> bytes:
+    def encrypt_with_ad(self, ad: bytes, plaintext: Bytes) -> bytes:
         if self._aead is None:
-            return plaintext
+            return bytes(plaintext)
         n = self.n
         if n >= _MAX_NONCE:
             raise NoiseError("nonce exhausted; the session must end")
@@ -93,9 +96,9 @@ class CipherState:
         self.n = n + 1
         return out
 
-    def decrypt_with_ad(self, ad: bytes, ciphertext: bytes) -> bytes:
+    def decrypt_with_ad(self, ad: bytes, ciphertext: Bytes) -> bytes:
         if self._aead is None:
-            return ciphertext
+            return bytes(ciphertext)
         n = self.n
         if n >= _MAX_NONCE:
             raise NoiseError("nonce exhausted; the session must end")
@@ -107,11 +110,11 @@ class CipherState:
         self.n = n + 1
         return out
 
-    def encrypt(self, plaintext: bytes) -> bytes:
+    def encrypt(self, plaintext: Bytes) -> bytes:
         """A transport message (no associated data)."""
         return self.encrypt_with_ad(b"", plaintext)
 
-    def decrypt(self, ciphertext: bytes) -> bytes:
+    def decrypt(self, ciphertext: Bytes) -> bytes:
         """A transport message; raises :class:`NoiseError` if it does not authenticate."""
         return self.decrypt_with_ad(b"", ciphertext)
 

@@ -1,4 +1,5 @@
-"""The peer transport: one authenticated TCP connection per peer, queues, dialing, reconnect.
+"""The peer transport: one encrypted, authenticated TCP connection per peer, queues, dialing,
+reconnect.
 
 :class:`Transport` owns the per-peer state and every :class:`~pulsar.net.connection.Connection`.
 Per peer it keeps one bounded FIFO of payloads not yet written, the connection in use, and
@@ -34,6 +35,8 @@ from .connection import Connection, ConnState
 from .errors import PeerUnreachable, TransportClosed
 from .faults import FaultInjector
 from .framing import FLAG_ORPHAN
+from .handshake import StaticKey
+from .secure import MAX_RECORD_PLAINTEXT
 
 __all__ = ["ConnectionInfo", "FrameHandler", "PeerDownHandler", "PeerUpHandler", "Transport"]
 
@@ -43,8 +46,10 @@ FrameHandler = Callable[[PeerId, bytes], None]
 PeerUpHandler = Callable[[PeerId, tuple[str, int]], None]
 PeerDownHandler = Callable[[PeerId], None]
 
-_BATCH_BYTES: Final = 64 * 1024
-"""Frames are joined into writes of about this size when a queue is flushed."""
+_BATCH_BYTES: Final = MAX_RECORD_PLAINTEXT - 4 * 1024
+"""Frames are joined into writes of about this size when a queue is flushed: just under
+one record, so a batch of small frames is sealed with one AEAD call (a batch exceeds this by
+at most its last frame; larger frames are split into records anyway)."""
 _DUPLICATE: Final = "duplicate connection"
 _DATA_HEAD: Final = struct.Struct(">IB")  # length, kind: the head of a DATA frame
 
@@ -114,6 +119,9 @@ class Transport:
     ) -> None:
         self.identity = identity
         self.peer_id = identity.peer_id
+        self.static_key = StaticKey.generate(identity)
+        """Our Noise static key, signed by ``identity``. Fresh per transport, as in libp2p:
+        the binding signature, not the key's age, ties it to the peer id."""
         self.config = config if config is not None else TransportConfig()
         self._queue_limit = self.config.send_queue
         self._max_frame = self.config.max_frame
@@ -148,7 +156,7 @@ class Transport:
     async def listen(self, host: str, port: int) -> tuple[str, int]:
         """Accept connections on ``host``:``port`` (TCP; in a node, the same port number as
         its UDP DHT port). Port 0 picks a free port. Returns the bound address, which is
-        also what our HELLO advertises."""
+        also what our handshake payload advertises."""
         if self._closed:
             raise TransportClosed("transport is closed")
         if self._server is not None:

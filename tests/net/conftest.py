@@ -18,7 +18,9 @@ import pytest
 from dag import Identity, PeerId
 from pulsar.net import FaultInjector, Transport, TransportConfig
 from pulsar.net.framing import Kind, encode_frame
-from pulsar.net.handshake import Hello, encode_auth, parse_auth, signed_message
+from pulsar.net.handshake import Handshake, Payload, StaticKey
+from pulsar.net.noise import CipherState
+from pulsar.net.secure import encode_record
 
 TIMEOUT = 5.0
 
@@ -119,7 +121,10 @@ async def endpoints() -> AsyncIterator[Callable[..., Awaitable[Endpoint]]]:
 
 
 class RawPeer:
-    """A hand-rolled client for wire-level tests: it can speak the protocol correctly, or not."""
+    """A hand-rolled dialer for wire-level tests: it can speak the protocol correctly (the
+    Noise handshake, then sealed records), or not. ``sent_records`` keeps every record body
+    sealed after the handshake, so tests can replay, reorder or tamper with real ciphertext.
+    """
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, identity: Identity
@@ -127,8 +132,12 @@ class RawPeer:
         self.reader = reader
         self.writer = writer
         self.identity = identity
-        self.nonce = b"\x07" * 32
-        self.their: Hello | None = None
+        self.key = StaticKey.generate(identity)
+        self.their: Payload | None = None
+        self.send_cipher: CipherState | None = None
+        self.recv_cipher: CipherState | None = None
+        self.sent_records: list[bytes] = []
+        self._plain = bytearray()
 
     @classmethod
     async def connect(cls, address: tuple[str, int], identity: Identity | None = None) -> RawPeer:
@@ -139,36 +148,81 @@ class RawPeer:
     def peer_id(self) -> PeerId:
         return self.identity.peer_id
 
-    def hello(self) -> bytes:
-        return Hello(self.peer_id, self.nonce, ("127.0.0.1", 0)).encode()
+    def new_handshake(
+        self, listen: tuple[str, int] = ("127.0.0.1", 0), payload: bytes | None = None
+    ) -> Handshake:
+        """Our side of a handshake; ``payload`` replaces the correct one (to misbehave)."""
+        hs = Handshake(self.key, listen, initiator=True)
+        if payload is not None:
+            hs._payload = payload
+        return hs
 
     async def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
         await self.writer.drain()
 
+    async def send_record(self, body: bytes) -> None:
+        """One record: a handshake message or a sealed one, with its 2-byte length."""
+        await self.send_raw(encode_record(body))
+
+    async def read_record(self, timeout: float = TIMEOUT) -> bytes:
+        async with asyncio.timeout(timeout):
+            (length,) = struct.unpack(">H", await self.reader.readexactly(2))
+            return await self.reader.readexactly(length)
+
+    async def send_message_1(self, hs: Handshake) -> bytes:
+        """Write message 1 and return message 2."""
+        first = hs.start()
+        assert first is not None
+        await self.send_record(first)
+        return await self.read_record()
+
+    async def handshake(
+        self, listen: tuple[str, int] = ("127.0.0.1", 0), payload: bytes | None = None
+    ) -> Payload:
+        """A complete handshake, as any peer would do it (with ``payload``, a misbehaving
+        one: then the server hangs up instead of confirming, and this raises)."""
+        hs = self.new_handshake(listen, payload)
+        third = hs.receive(await self.send_message_1(hs))
+        assert third is not None
+        await self.send_record(third)
+        assert hs.receive(await self.read_record()) is None
+        assert hs.done and hs.their is not None
+        self.send_cipher, self.recv_cipher = hs.ciphers()
+        self.their = hs.their
+        return hs.their
+
+    def seal(self, plaintext: bytes) -> bytes:
+        """``plaintext`` (bytes of the frame stream) as one sealed record body, remembered
+        in ``sent_records``."""
+        assert self.send_cipher is not None, "handshake first"
+        record = self.send_cipher.encrypt(plaintext)
+        self.sent_records.append(record)
+        return record
+
+    async def send_plain(self, plaintext: bytes) -> None:
+        """Bytes of the frame stream (whole frames or not), sealed into one record."""
+        await self.send_record(self.seal(plaintext))
+
     async def send_frame(self, body: bytes) -> None:
-        await self.send_raw(encode_frame(body))
+        await self.send_plain(encode_frame(body))
 
     async def send_kind(self, kind: int, rest: bytes = b"") -> None:
         await self.send_frame(bytes([kind]) + rest)
 
     async def read_frame(self, timeout: float = TIMEOUT) -> bytes:
+        """The next frame body, from records decrypted as they come."""
+        assert self.recv_cipher is not None, "handshake first"
         async with asyncio.timeout(timeout):
-            (length,) = struct.unpack(">I", await self.reader.readexactly(4))
-            return await self.reader.readexactly(length)
-
-    async def read_hello(self) -> Hello:
-        self.their = Hello.parse(await self.read_frame())
-        return self.their
-
-    async def handshake(self) -> Hello:
-        """A correct handshake, as any peer would do it."""
-        await self.send_frame(self.hello())
-        their = await self.read_hello()
-        await self.send_frame(encode_auth(self.identity, their, self.nonce))
-        sig = parse_auth(await self.read_frame())
-        assert their.peer.verify(sig, signed_message(self.nonce, their.nonce, self.peer_id))
-        return their
+            buf = self._plain
+            while True:
+                if len(buf) >= 4:
+                    (length,) = struct.unpack_from(">I", buf)
+                    if len(buf) >= 4 + length:
+                        body = bytes(buf[4 : 4 + length])
+                        del buf[: 4 + length]
+                        return body
+                buf += self.recv_cipher.decrypt(await self.read_record())
 
     async def read_data(self, timeout: float = TIMEOUT) -> bytes:
         """The next DATA payload, answering PINGs on the way."""

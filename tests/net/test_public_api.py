@@ -6,6 +6,7 @@ import pulsar.net
 def test_net_all_is_pinned() -> None:
     assert sorted(pulsar.net.__all__) == sorted(
         [
+            "BadRecord",
             "ConnectionInfo",
             "FaultInjector",
             "FaultStats",
@@ -28,4 +29,5 @@ def test_error_tree() -> None:
     assert issubclass(pulsar.net.TransportClosed, ConnectionError)
     assert issubclass(pulsar.net.FrameTooLarge, pulsar.net.RemoteProtocolError)
     assert issubclass(pulsar.net.HandshakeError, pulsar.net.RemoteProtocolError)
+    assert issubclass(pulsar.net.BadRecord, pulsar.net.RemoteProtocolError)
     assert issubclass(pulsar.net.RemoteProtocolError, ValueError)

@@ -3,6 +3,8 @@ connection is closed, and the transport keeps serving everyone else."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -13,12 +15,13 @@ import pytest
 from dag import Identity, encode
 from pulsar.net import PeerUnreachable, TransportConfig
 from pulsar.net.framing import Kind
-from pulsar.net.handshake import Hello
+from pulsar.net.handshake import STATIC_KEY_CONTEXT
 
 from .conftest import Endpoint, RawPeer
 
 Make = Callable[..., Awaitable[Endpoint]]
 Raw = Callable[..., Awaitable[RawPeer]]
+HUNG_UP = (asyncio.IncompleteReadError, ConnectionResetError)
 
 
 @pytest.fixture(autouse=True)
@@ -40,12 +43,12 @@ def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.
     ]
 
 
-async def test_garbage_instead_of_hello(
+async def test_garbage_instead_of_a_handshake(
     endpoints: Make, raw_peers: Raw, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = await endpoints()
     raw = await raw_peers(server.address)
-    await raw.send_raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # "GET " is a 1.2 GB length
+    await raw.send_raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # "GE": an 18 KB record
     await raw.expect_closed()
     assert warnings_about(caplog, "oversized frame")
     assert server.transport.stats.handshake_failures == 1
@@ -53,31 +56,58 @@ async def test_garbage_instead_of_hello(
     await still_serving(server, endpoints)
 
 
-async def test_garbage_frame_instead_of_hello(
+async def test_garbage_record_instead_of_message_1(
     endpoints: Make, raw_peers: Raw, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = await endpoints()
     raw = await raw_peers(server.address)
-    await raw.send_frame(b"\xff\xfe not cbor at all")
+    await raw.send_record(b"\xff\xfe not a key")
     await raw.expect_closed()
-    assert warnings_about(caplog, "not canonical DAG-CBOR")
+    assert warnings_about(caplog, "handshake message 1: handshake message too short")
     await still_serving(server, endpoints)
 
 
-async def test_garbage_before_a_valid_hello(
+async def test_a_transport_v1_dialer_is_refused_plainly(
     endpoints: Make, raw_peers: Raw, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A node of the previous version opens with a plaintext HELLO behind a 4-byte length:
+    its first two bytes read as an empty record, refused with a line that says why."""
     server = await endpoints()
     raw = await raw_peers(server.address)
-    await raw.send_raw(b"\x00\x00\x00\x02hi" + struct.pack(">I", 0) + raw.hello())
+    hello = encode({"v": 1, "peer": raw.peer_id.raw, "nonce": b"\x07" * 32,
+                    "listen": ["127.0.0.1", 0]})
+    await raw.send_raw(struct.pack(">I", len(hello)) + hello)
     await raw.expect_closed()
-    assert warnings_about(caplog, "handshake rejected")
-    assert server.transport.connected() == set()
+    assert warnings_about(caplog, "a transport v1 peer")
+    assert server.transport.stats.handshake_failures == 1
+    await still_serving(server, endpoints)
 
 
-def _hello_with(raw: RawPeer, **change: Any) -> bytes:
+async def test_dialing_a_transport_v1_listener_fails_plainly(
+    endpoints: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other way round: a v1 listener speaks its HELLO at once; the dialer refuses it."""
+    hello = encode({"v": 1, "peer": Identity.generate().peer_id.raw, "nonce": b"\x07" * 32,
+                    "listen": ["127.0.0.1", 0]})
+
+    async def old_node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(struct.pack(">I", len(hello)) + hello)
+        with contextlib.suppress(ConnectionError):
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(old_node, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        client = await endpoints(listen=False, config=TransportConfig(reconnect_attempts=0))
+        with pytest.raises(PeerUnreachable):
+            await client.transport.send(Identity.generate().peer_id, ("127.0.0.1", port), b"x")
+    assert warnings_about(caplog, "a transport v1 peer")
+
+
+def _payload_with(raw: RawPeer, **change: Any) -> bytes:
     msg: dict[str, Any] = {
-        "v": 1, "peer": raw.peer_id.raw, "nonce": raw.nonce, "listen": ["127.0.0.1", 0],
+        "peer": raw.peer_id.raw, "sig": raw.key.signature, "listen": ["127.0.0.1", 0],
     }
     msg.update(change)
     return encode({k: v for k, v in msg.items() if v is not None})
@@ -86,15 +116,14 @@ def _hello_with(raw: RawPeer, **change: Any) -> bytes:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"v": 2}, "version 2"),
-        ({"extra": "field"}, "unexpected ['extra']"),
-        ({"nonce": None}, "missing ['nonce']"),
-        ({"nonce": b"short"}, "'nonce' must be 32 bytes"),
+        ({"v": 1}, "unexpected ['v']"),
+        ({"sig": None}, "missing ['sig']"),
+        ({"sig": b"\x00" * 10}, "'sig' must be 64 bytes"),
         ({"peer": b"\x12\x20" + b"\x00" * 32}, "not a valid peer id"),
         ({"listen": ["127.0.0.1"]}, "'listen' must be"),
     ],
 )
-async def test_hello_with_a_wrong_field(
+async def test_payload_with_a_wrong_field(
     endpoints: Make,
     raw_peers: Raw,
     caplog: pytest.LogCaptureFixture,
@@ -103,43 +132,30 @@ async def test_hello_with_a_wrong_field(
 ) -> None:
     server = await endpoints()
     raw = await raw_peers(server.address)
-    await raw.send_frame(_hello_with(raw, **change))
-    await raw.read_hello()  # the server speaks first-and-at-once, then hangs up on us
-    await raw.expect_closed()
+    with pytest.raises(HUNG_UP):  # hung up on instead of confirmed
+        await raw.handshake(payload=_payload_with(raw, **change))
     assert warnings_about(caplog, reason), caplog.text
     assert server.transport.stats.handshake_failures == 1
-    await still_serving(server, endpoints)
-
-
-async def test_bad_auth_signature(
-    endpoints: Make, raw_peers: Raw, caplog: pytest.LogCaptureFixture
-) -> None:
-    server = await endpoints()
-    raw = await raw_peers(server.address)
-    await raw.send_frame(raw.hello())
-    their = await raw.read_hello()
-    # Signed by the wrong key (a peer claiming an id it does not hold).
-    impostor = Identity.generate()
-    forged = encode({"sig": impostor.sign(b"pulsarcast/handshake/v1" + their.nonce + raw.nonce
-                                         + their.peer.raw)})
-    await raw.send_frame(forged)
-    await raw.expect_closed()
-    assert warnings_about(caplog, "does not verify")
-    assert raw.peer_id not in server.transport.connected()
     assert server.ups == []
     await still_serving(server, endpoints)
 
 
-async def test_auth_with_a_malformed_signature(
+async def test_static_key_signed_by_another_identity(
     endpoints: Make, raw_peers: Raw, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A dialer claiming a peer id whose key did not sign its Noise static key (it holds
+    the static key, not the identity) is refused."""
     server = await endpoints()
     raw = await raw_peers(server.address)
-    await raw.send_frame(raw.hello())
-    await raw.read_hello()
-    await raw.send_frame(encode({"sig": b"\x00" * 10}))
-    await raw.expect_closed()
-    assert warnings_about(caplog, "'sig' must be 64 bytes")
+    impostor = Identity.generate()
+    forged = impostor.sign(STATIC_KEY_CONTEXT + raw.key.public)
+    with pytest.raises(HUNG_UP):
+        await raw.handshake(payload=_payload_with(raw, sig=forged))
+    assert warnings_about(caplog, "static key signature")
+    assert warnings_about(caplog, "does not verify")
+    assert raw.peer_id not in server.transport.connected()
+    assert server.ups == []
+    await still_serving(server, endpoints)
 
 
 async def test_connection_to_self(endpoints: Make, caplog: pytest.LogCaptureFixture) -> None:
@@ -174,7 +190,7 @@ async def test_oversized_frame_after_the_handshake(
     await server.wait(lambda: raw.peer_id in server.transport.connected())
     await raw.send_kind(Kind.DATA, b"fits" * 250)  # 1000-byte payload: the limit, accepted
     await server.wait_frames(raw.peer_id, 1)
-    await raw.send_raw(struct.pack(">I", 1002))  # payload 1001 + kind byte: over the limit
+    await raw.send_plain(struct.pack(">I", 1002))  # payload 1001 + kind byte: over the limit
     await raw.expect_closed()
     assert warnings_about(caplog, "oversized frame")
     assert server.transport.stats.oversized_frames == 1
@@ -230,8 +246,6 @@ async def test_a_peer_cannot_claim_a_listen_host(endpoints: Make, raw_peers: Raw
     """The recorded address is the observed IP with the advertised port."""
     server = await endpoints()
     raw = await raw_peers(server.address)
-    hello = Hello(raw.peer_id, raw.nonce, ("203.0.113.9", 4242)).encode()
-    raw.hello = lambda: hello  # type: ignore[method-assign]
-    await raw.handshake()
+    await raw.handshake(listen=("203.0.113.9", 4242))
     await server.wait(lambda: bool(server.ups))
     assert server.ups == [(raw.peer_id, ("127.0.0.1", 4242))]
