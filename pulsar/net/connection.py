@@ -214,6 +214,8 @@ class Connection(asyncio.Protocol):
                         self._control(body)
                     if self.closing:  # a callback or a control frame closed us
                         return
+            if self.records.error is not None:  # after the authentic frames before it
+                raise self.records.error
         except FrameTooLarge as exc:
             self._owner.stats.oversized_frames += 1
             self._fail(f"oversized frame: {exc}")

@@ -20,8 +20,8 @@ never announce more than one Noise message (the receiver buffers at most 64 KiB 
 record), and it is what libp2p's Noise channel uses.
 
 A record that does not authenticate (tampered with, replayed, reordered, dropped before it,
-or forged) raises :class:`~pulsar.net.errors.BadRecord`: the nonces are then out of step for
-good, so the connection must end; nothing of the record is ever parsed.
+or forged) is a :class:`~pulsar.net.errors.BadRecord`: the nonces are then out of step for
+good, so the connection must end; nothing of that record is ever parsed.
 """
 
 from __future__ import annotations
@@ -89,12 +89,14 @@ class RecordDecoder:
     cannot exceed.
     """
 
-    __slots__ = ("_buf", "_pos", "max_record")
+    __slots__ = ("_buf", "_pos", "error", "max_record")
 
     def __init__(self, max_record: int = MAX_RECORD) -> None:
         self._buf = bytearray()
         self._pos = 0
         self.max_record = max_record
+        self.error: BadRecord | None = None
+        """Set by :meth:`open` at the first record that does not authenticate."""
 
     def feed(self, data: bytes) -> None:
         """Append bytes read from the stream."""
@@ -124,9 +126,12 @@ class RecordDecoder:
 
         This is the receive hot path: records are decrypted straight out of ``data`` (or the
         buffer, when a record spans reads), one AEAD call each, and only an incomplete tail
-        is copied. Raises :class:`BadRecord` at the first record that does not
-        authenticate; the records before it in ``data`` are not returned either (the
-        connection is ending)."""
+        is copied. At the first record that does not authenticate it stops and sets
+        :attr:`error`: the authentic records before it are returned, so the caller can
+        deliver what the peer really sent before it ends the connection (it must check
+        :attr:`error` after every call); a later call raises :attr:`error`."""
+        if self.error is not None:
+            raise self.error
         if self._pos < len(self._buf):  # a record spans reads: go through the buffer
             self.feed(data)
             src: bytes | bytearray = self._buf
@@ -147,7 +152,8 @@ class RecordDecoder:
                 try:
                     out.append(decrypt(view[pos + RECORD_PREFIX : end]))
                 except NoiseError as exc:
-                    raise BadRecord(f"record does not authenticate: {exc}") from None
+                    self.error = BadRecord(f"record does not authenticate: {exc}")
+                    break
                 pos = end
         finally:
             view.release()  # a live view would stop feed() from resizing the buffer
