@@ -197,7 +197,8 @@ class Connection(asyncio.Protocol):
         try:
             recv = self._recv_cipher
             if recv is not None:  # the hot path
-                decoder.feed(self.records.open(data, recv))
+                for piece in self.records.open(data, recv):
+                    decoder.feed(piece)
             elif self.established:  # encrypt=False (benchmark baseline, tests)
                 decoder.feed(data)
             else:
@@ -341,7 +342,8 @@ class Connection(asyncio.Protocol):
         if self.closing:  # refused, or a callback closed us
             return
         recv = self._recv_cipher
-        self.decoder.feed(records.take_rest() if recv is None else records.open(b"", recv))
+        for piece in [records.take_rest()] if recv is None else records.open(b"", recv):
+            self.decoder.feed(piece)
 
     def _handshake_message(self, message: bytes) -> None:
         handshake = self.handshake

@@ -53,6 +53,8 @@ MAX_MESSAGE: Final = 65535
 _MAX_NONCE: Final = (1 << 64) - 1  # reserved (§5.1); reaching it means the session must end
 _NONCE: Final = struct.Struct("<4xQ")  # ChaChaPoly nonce: 32 zero bits, 64-bit LE counter
 
+_HAS_INTO: Final = hasattr(ChaCha20Poly1305, "encrypt_into")
+
 Bytes = bytes | bytearray | memoryview
 """What the AEAD accepts: the transport decrypts records straight out of its receive buffer."""
 
@@ -95,6 +97,22 @@ class CipherState:
         out = self._aead.encrypt(_NONCE.pack(n), plaintext, ad)
         self.n = n + 1
         return out
+
+    def encrypt_into(self, plaintext: Bytes, out: memoryview) -> None:
+        """A transport message written into ``out`` (exactly ``len(plaintext) + TAGLEN``
+        bytes): lets the sender put the record's length prefix and its ciphertext in one
+        buffer without copying the ciphertext (``cryptography`` >= 45; older versions copy)."""
+        aead = self._aead
+        if aead is None:
+            raise NoiseError("no key")
+        n = self.n
+        if n >= _MAX_NONCE:
+            raise NoiseError("nonce exhausted; the session must end")
+        if _HAS_INTO:
+            aead.encrypt_into(_NONCE.pack(n), plaintext, b"", out)
+        else:  # pragma: no cover - old cryptography
+            out[:] = aead.encrypt(_NONCE.pack(n), plaintext, b"")
+        self.n = n + 1
 
     def decrypt_with_ad(self, ad: bytes, ciphertext: Bytes) -> bytes:
         if self._aead is None:

@@ -27,10 +27,11 @@ good, so the connection must end; nothing of that record is ever parsed.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final
 
 from .errors import BadRecord, FrameTooLarge
-from .noise import MAX_MESSAGE, TAGLEN, CipherState, NoiseError
+from .noise import MAX_MESSAGE, TAGLEN, Bytes, CipherState, NoiseError
 
 __all__ = [
     "MAX_RECORD",
@@ -58,26 +59,31 @@ def encode_record(message: bytes) -> bytes:
     return _REC.pack(len(message)) + message
 
 
-def seal(cipher: CipherState, data: bytes) -> bytes:
+def seal(cipher: CipherState, data: bytes) -> bytearray:
     """``data`` (a piece of the frame stream) as records ready for the socket: cut into
     pieces of at most :data:`MAX_RECORD_PLAINTEXT` bytes, each encrypted under the cipher's
-    next nonce and length-prefixed. Call it in the order the bytes are written to the socket:
-    the nonce order is the write order."""
+    next nonce and length-prefixed, all in one buffer (the ciphertext is written in place,
+    not copied next to its prefix). Call it in the order the bytes are written to the
+    socket: the nonce order is the write order."""
     size = len(data)
-    encrypt = cipher.encrypt
-    if size <= MAX_RECORD_PLAINTEXT:
-        sealed = encrypt(data)
-        return _REC.pack(len(sealed)) + sealed
-    out: list[bytes] = []
-    view = memoryview(data)
+    records = max(1, -(-size // MAX_RECORD_PLAINTEXT))
+    out = bytearray(size + records * (RECORD_PREFIX + TAGLEN))
+    view = memoryview(out)
+    src = memoryview(data)
+    pack = _REC.pack_into
+    encrypt_into = cipher.encrypt_into
     try:
-        for start in range(0, size, MAX_RECORD_PLAINTEXT):
-            sealed = encrypt(view[start : start + MAX_RECORD_PLAINTEXT])
-            out.append(_REC.pack(len(sealed)))
-            out.append(sealed)
+        pos = 0
+        for start in range(0, max(size, 1), MAX_RECORD_PLAINTEXT):
+            piece = src[start : start + MAX_RECORD_PLAINTEXT]
+            sealed = len(piece) + TAGLEN
+            pack(out, pos, sealed)
+            encrypt_into(piece, view[pos + RECORD_PREFIX : pos + RECORD_PREFIX + sealed])
+            pos += RECORD_PREFIX + sealed
     finally:
+        src.release()
         view.release()
-    return b"".join(out)
+    return out
 
 
 class RecordDecoder:
@@ -119,33 +125,35 @@ class RecordDecoder:
         self._pos = end
         return bytes(buf[pos + RECORD_PREFIX : end])
 
-    def open(self, data: bytes, cipher: CipherState) -> bytes:
+    def open(self, data: bytes, cipher: CipherState) -> list[bytes]:
         """Take ``data`` read from the stream, decrypt every record now complete, in order,
-        and return their plaintexts joined: the next piece of the frame stream (empty while
-        no record is complete). An incomplete record at the end is kept for the next call.
+        and return their plaintexts: the next pieces of the frame stream (none while no
+        record is complete; not joined, which would copy them once more). An incomplete
+        record at the end is kept for the next call.
 
-        This is the receive hot path: records are decrypted straight out of ``data`` (or the
-        buffer, when a record spans reads), one AEAD call each, and only an incomplete tail
-        is copied. At the first record that does not authenticate it stops and sets
+        This is the receive hot path: records are decrypted straight out of ``data``, one AEAD
+        call each; only a record that spans reads is copied (its head is kept until the rest
+        arrives). At the first record that does not authenticate it stops and sets
         :attr:`error`: the authentic records before it are returned, so the caller can
         deliver what the peer really sent before it ends the connection (it must check
         :attr:`error` after every call); a later call raises :attr:`error`."""
         if self.error is not None:
             raise self.error
-        if self._pos < len(self._buf):  # a record spans reads: go through the buffer
-            self.feed(data)
-            src: bytes | bytearray = self._buf
-            pos = self._pos
-        else:
-            src, pos = data, 0
-        size = len(src)
+        if self._complete_buffered():
+            # Records left by next_record() (the handshake's reads): take them with the
+            # rest, once; from here on the buffer only ever holds an incomplete tail.
+            data = self.take_rest() + data
         decrypt = cipher.decrypt
-        unpack = _REC.unpack_from
         out: list[bytes] = []
-        view = memoryview(src)
+        view = memoryview(data)
         try:
+            pos = self._complete_pending(view, decrypt, out)
+            if pos < 0:  # still incomplete, or it did not authenticate
+                return out
+            size = len(data)
+            unpack = _REC.unpack_from
             while size - pos >= RECORD_PREFIX:
-                (length,) = unpack(src, pos)
+                (length,) = unpack(data, pos)
                 end = pos + RECORD_PREFIX + length
                 if end > size:
                     break
@@ -155,18 +163,54 @@ class RecordDecoder:
                     self.error = BadRecord(f"record does not authenticate: {exc}")
                     break
                 pos = end
+            if pos < size and self.error is None:
+                self._buf += view[pos:]  # the incomplete tail, for the next read
         finally:
-            view.release()  # a live view would stop feed() from resizing the buffer
-        if src is data:
-            self._buf.clear()
+            view.release()
+        return out
+
+    def _complete_buffered(self) -> bool:
+        """Whether the buffer holds at least one whole record."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < RECORD_PREFIX:
+            return False
+        length: int = _REC.unpack_from(buf, pos)[0]
+        return RECORD_PREFIX + length <= len(buf) - pos
+
+    def _complete_pending(
+        self, view: memoryview, decrypt: Callable[[Bytes], bytes], out: list[bytes]
+    ) -> int:
+        """Finish the record left incomplete by earlier reads with the head of ``view``,
+        copying only the bytes it lacks. Returns where the rest of ``view`` starts, or -1
+        when the record is still incomplete or does not authenticate."""
+        buf = self._buf
+        if self._pos:
+            del buf[: self._pos]
             self._pos = 0
-            if pos < size:
-                self._buf += data[pos:]
-        else:
-            self._pos = pos
-        if len(out) == 1:
-            return out[0]
-        return b"".join(out)
+        if not buf:
+            return 0
+        pos = 0
+        if len(buf) < RECORD_PREFIX:
+            pos = RECORD_PREFIX - len(buf)
+            buf += view[:pos]
+            if len(buf) < RECORD_PREFIX:
+                return -1
+        length: int = _REC.unpack_from(buf, 0)[0]
+        missing = RECORD_PREFIX + length - len(buf)
+        if missing > len(view) - pos:
+            buf += view[pos:]
+            return -1
+        buf += view[pos : pos + missing]
+        record = memoryview(buf)
+        try:
+            out.append(decrypt(record[RECORD_PREFIX:]))
+        except NoiseError as exc:
+            self.error = BadRecord(f"record does not authenticate: {exc}")
+            return -1
+        finally:
+            record.release()
+        buf.clear()
+        return pos + missing
 
     def take_rest(self) -> bytes:
         """Everything buffered and not yet returned; the decoder is left empty."""

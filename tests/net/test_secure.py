@@ -58,7 +58,7 @@ def test_seal_splits_at_the_noise_limit_and_open_joins(size: int) -> None:
         lengths.append(length)
         pos += 2 + length
     assert all(length <= MAX_RECORD for length in lengths) and len(lengths) == records
-    assert RecordDecoder().open(wire, recv) == data
+    assert b"".join(RecordDecoder().open(wire, recv)) == data
 
 
 def test_open_keeps_a_record_that_spans_reads() -> None:
@@ -68,16 +68,27 @@ def test_open_keeps_a_record_that_spans_reads() -> None:
     decoder = RecordDecoder()
     out = bytearray()
     for i in range(0, len(wire), 4093):  # cuts inside prefixes and bodies alike
-        out += decoder.open(wire[i : i + 4093], recv)
+        out += b"".join(decoder.open(wire[i : i + 4093], recv))
     assert out == data and decoder.buffered == 0
+
+
+def test_open_takes_over_records_buffered_during_the_handshake() -> None:
+    """The handshake reads records one by one; whole records it left behind (sent right
+    after the last handshake message, in the same read) are opened first, in order."""
+    send, recv = _pair()
+    decoder = RecordDecoder(max_record=1024)
+    wire = bytes(seal(send, b"one") + seal(send, b"two") + seal(send, b"three"))
+    decoder.feed(wire[:-3])
+    assert decoder.open(wire[-3:], recv) == [b"one", b"two", b"three"]
+    assert decoder.buffered == 0
 
 
 def test_open_stops_at_a_replayed_or_tampered_record() -> None:
     send, recv = _pair()
     first = seal(send, b"one")
     decoder = RecordDecoder()
-    assert decoder.open(first, recv) == b"one"
-    assert decoder.open(first, recv) == b""  # replayed: nonce 0 again
+    assert decoder.open(first, recv) == [b"one"]
+    assert decoder.open(first, recv) == []  # replayed: nonce 0 again
     assert decoder.error is not None and "does not authenticate" in str(decoder.error)
     with pytest.raises(BadRecord):
         decoder.open(seal(send, b"two"), recv)  # nothing more once one failed
@@ -86,7 +97,7 @@ def test_open_stops_at_a_replayed_or_tampered_record() -> None:
     tampered = bytearray(seal(send, b"four"))
     tampered[3] ^= 0x01
     decoder = RecordDecoder()
-    assert decoder.open(genuine + tampered + seal(send, b"five"), recv) == b"three"
+    assert decoder.open(bytes(genuine + tampered + seal(send, b"five")), recv) == [b"three"]
     assert isinstance(decoder.error, BadRecord)
 
 
