@@ -1,65 +1,47 @@
 """Framing of the peer transport: sans-I/O encoder and decoder, and the wire format notes.
 
-Wire format (transport v1)
+Wire format (transport v2)
 ==========================
 
-These notes are the reference for ``docs/protocol.md``; the code below and in
-:mod:`pulsar.net.handshake` follows them exactly.
+These notes and ``docs/protocol.md`` §2 describe the same format; the code below, in
+:mod:`pulsar.net.secure` (records) and in :mod:`pulsar.net.handshake` (the Noise XX
+handshake) follows them exactly.
 
 Connection
 ----------
 Pulsarcast peers talk over persistent TCP connections. A node listens on the **same port
 number** as its UDP Kademlia port, so one (host, port) names a node for both the DHT and the
 pub-sub protocol. There is at most one connection per pair of peers, carrying every topic
-(see "Duplicate connections" below).
+(see "Duplicate connections" below). Every byte on a connection is inside a *record* (a
+2-byte length and one Noise message): first the three handshake messages and the
+listener's empty confirmation, then records sealing pieces of the frame stream
+(:mod:`pulsar.net.secure`).
 
 Frames
 ------
-A connection carries a sequence of frames in each direction. Every frame is::
+After the handshake each direction carries a stream of frames, cut into records anywhere
+(a record may hold many frames or a piece of one). Every frame is::
 
     +--------------------------------+---------------------------+
     | length: uint32, big-endian     | body: exactly length bytes |
     +--------------------------------+---------------------------+
 
-No padding, no checksum (TCP has one), no trailer. A receiver reads the 4-byte prefix and
-compares it with its limit *before* buffering the body; a prefix above the limit closes the
-connection (and is logged). The limits are:
-
-* during the handshake: :data:`HANDSHAKE_MAX_FRAME` (1024) bytes, so an unauthenticated peer
-  cannot make us buffer more than about 1 KiB;
-* after the handshake: ``max_frame + 1`` bytes, where ``max_frame`` (default 1 MiB) is the
-  largest payload and the ``+ 1`` is the kind byte.
+No padding, no checksum (each record's AEAD tag authenticates it), no trailer. A receiver
+reads the 4-byte prefix and compares it with its limit, ``max_frame + 1`` bytes (``max_frame``,
+default 1 MiB, is the largest payload and the ``+ 1`` the kind byte), *before* buffering the
+body; a prefix above the limit closes the connection (and is logged). During the handshake
+records are limited to :data:`HANDSHAKE_MAX_FRAME` (1024) bytes, so an unauthenticated peer
+cannot make us buffer more than about 1 KiB.
 
 Handshake
 ---------
-Both sides start at once, right after the TCP connection is made; neither waits for the
-other to speak first. In each direction the first frame is HELLO and the second is AUTH.
-Both bodies are strict, canonical DAG-CBOR maps with **exactly** these keys (and no kind
-byte)::
-
-    HELLO = {"v": 1,                         protocol version, an integer; only 1 exists
-             "peer": <38 bytes>,             the sender's libp2p peer id (Ed25519)
-             "nonce": <32 bytes>,            fresh random bytes for this connection
-             "listen": [<host str>, <port int>]}   where the sender accepts connections;
-                                             port 0 when it does not listen
-    AUTH  = {"sig": <64 bytes>}              Ed25519 signature, by the sender's key, of
-            b"pulsarcast/handshake/v1" || their_nonce || my_nonce || their_peer_id
-
-where *their* is the receiver of the AUTH (the other side) and *my* the sender. A side sends
-its AUTH as soon as it has read and accepted the other's HELLO, and the handshake is complete
-for it once it has read and verified the other's AUTH, checking the signature against the
-public key inside the HELLO's peer id. Signing both nonces binds the signature to this
-connection (no replay) and signing the receiver's id binds it to the intended receiver (no
-relaying one peer's AUTH to a third). A peer id carries its key and the Kademlia node id is
-``sha1(peer id bytes)``, so a verified AUTH also proves the peer's Kademlia id.
-
-A HELLO or AUTH is rejected, and the connection closed with a log line on logger
-``pulsar.net``, when: it is not DAG-CBOR, not canonical, not a map, has a missing, extra or
-mistyped key; ``v`` is not 1; ``peer`` is not a valid Ed25519 peer id; ``nonce`` is not 32
-bytes; ``listen`` is not ``[str (≤ 255 chars), int 0..65535]``; the peer id is our own
-(connection to self); the peer id is not the one we dialed; ``sig`` is not 64 bytes or does
-not verify; any frame other than HELLO-then-AUTH arrives first; or the handshake is not
-complete within the handshake timeout (default 5 s).
+``Noise_XX_25519_ChaChaPoly_SHA256`` with prologue ``b"pulsarcast/transport/2"``; the
+dialer is the initiator. Messages 2 and 3 carry the sender's payload, a canonical DAG-CBOR
+map ``{"peer": peer id, "sig": Ed25519 signature of b"noise-libp2p-static-key:" || X25519
+static public key, "listen": [host, port]}``: the identity binding of libp2p's Noise spec.
+The listener answers an accepted message 3 with an empty transport record; the dialer is
+done once it has decrypted it. The details, and every reason a handshake is refused, are in
+:mod:`pulsar.net.handshake` and ``docs/protocol.md`` §2.3.
 
 The address recorded for a peer is the *observed* IP address of the TCP connection with
 the *advertised* listen port: the same address the DHT learns from a UDP datagram's source,
@@ -140,8 +122,9 @@ LENGTH_PREFIX: Final = 4
 """Bytes of the big-endian length prefix in front of every frame."""
 
 HANDSHAKE_MAX_FRAME: Final = 1024
-"""Largest HELLO or AUTH body accepted. A HELLO is about 120 bytes plus the host name (at
-most 255), so this is generous while keeping unauthenticated peers from costing memory."""
+"""Largest record accepted during the handshake. The largest, message 2, is 32 + 48 + 16
+bytes of Noise plus a payload of about 120 bytes and the host name (at most 255), so this is
+generous while keeping unauthenticated peers from costing memory."""
 
 MAX_FRAME_LIMIT: Final = (1 << 32) - 2
 """The largest ``max_frame`` the 32-bit length prefix can express (payload + kind byte)."""
