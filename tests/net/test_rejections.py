@@ -11,11 +11,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dag import Identity, encode
-from pulsar.net import PeerUnreachable, TransportConfig
+from pulsar.net import HandshakeError, PeerUnreachable, TransportConfig
 from pulsar.net.framing import Kind
-from pulsar.net.handshake import STATIC_KEY_CONTEXT
+from pulsar.net.handshake import STATIC_KEY_CONTEXT, Handshake, StaticKey
+from pulsar.net.secure import encode_record
 
 from .conftest import Endpoint, RawPeer
 
@@ -249,3 +251,45 @@ async def test_a_peer_cannot_claim_a_listen_host(endpoints: Make, raw_peers: Raw
     await raw.handshake(listen=("203.0.113.9", 4242))
     await server.wait(lambda: bool(server.ups))
     assert server.ups == [(raw.peer_id, ("127.0.0.1", 4242))]
+
+
+async def _impostor_listener(key: StaticKey) -> asyncio.Server:
+    """A listener that answers message 1 as ``key`` says, then waits."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hs = Handshake(key, ("127.0.0.1", 0), initiator=False)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, HandshakeError):
+            (length,) = struct.unpack(">H", await reader.readexactly(2))
+            reply = hs.receive(await reader.readexactly(length))
+            assert reply is not None
+            writer.write(encode_record(reply))
+            await reader.read()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("who", ["signed by another identity", "another peer"])
+async def test_dialer_refuses_a_listener_that_is_not_the_expected_peer(
+    endpoints: Make, caplog: pytest.LogCaptureFixture, who: str
+) -> None:
+    """We dial B. The listener either claims B's peer id with a static key that another
+    identity signed (it has not got B's key), or is a genuine, different peer C."""
+    b, c = Identity.generate(), Identity.generate()
+    if who == "another peer":
+        key = StaticKey.generate(c)
+        reason = "but reached"
+    else:
+        private = X25519PrivateKey.generate()
+        public = private.public_key().public_bytes_raw()
+        key = StaticKey(b, private, public, c.sign(STATIC_KEY_CONTEXT + public))
+        reason = "static key signature"
+    server = await _impostor_listener(key)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        client = await endpoints(listen=False, config=TransportConfig(reconnect_attempts=0))
+        with pytest.raises(PeerUnreachable):
+            await client.transport.send(b.peer_id, ("127.0.0.1", port), b"for b only")
+    assert warnings_about(caplog, reason), caplog.text
+    assert client.transport.connected() == set()
+    assert client.ups == []
