@@ -24,7 +24,12 @@ class CoreConfig:
     routing_candidates: int = 20
     join_timeout: float = 2.0
     """A JOIN is answered with JOINED; unanswered this long, it counts as a failed attempt
-    (a lost JOIN must not leave a node silently detached)."""
+    (a lost JOIN must not leave a node silently detached). The shortest wait: on a path
+    whose round-trip time is measured the wait is ``join_rtts`` x its RTO if longer."""
+    join_rtts: float = 2.0
+    stale_edge_quiet: float = 10.0
+    """A peer that pushes duplicates over an edge we do not hold is told LEAVE at most
+    once in this long (its copies in flight must not each cost a LEAVE)."""
     avoid_for: float = 30.0
     """How long a parent we gave up on is left out of join routing."""
     min_acks: int = 1

@@ -57,6 +57,7 @@ from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
 from .publishing import Publishing
 from .repair_messages import MAX_HEADS, Blocks, Heads, Joined, Want
+from .rtt import RttConfig, RttTable
 from .stores import OwnStores
 from .timers import (
     DispatchTimer,
@@ -78,6 +79,9 @@ from .versions import TopicVersions
 
 __all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
 
+_NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune})
+"""Messages that do not make a peer one we depend on (answers and good-byes)."""
+
 
 class PulsarCore(Publishing, VersionAdoption):
     """All of a node's protocol state; feed it with :meth:`handle`."""
@@ -93,17 +97,22 @@ class PulsarCore(Publishing, VersionAdoption):
         plumtree: PlumtreeConfig | None = None,
         is_delivered: Callable[[CID, CID], bool] | None = None,
         backfill: BackfillConfig | None = None,
+        rtt: RttConfig | None = None,
     ) -> None:
         self.identity = identity
         self.me = identity.peer_id
         self.config = config or CoreConfig()
         self.rng = rng or random.Random(0)
         self._lookup = lookup or (lambda cid: None)
-        self.router = TreeRouter(self.me, routing, self.config)
+        self.rtt = RttTable(rtt)
+        """Smoothed round-trip times per neighbour: the graft and JOIN waits follow them."""
+        self.router = TreeRouter(self.me, routing, self.config, self.rtt)
         self.routing = routing
         self._trees = self.router.trees
         self.versions = TopicVersions()
-        self.lazy = Plumtree(self.me, self._tree_edges, self._lookup, plumtree, self.rng)
+        self.lazy = Plumtree(
+            self.me, self._tree_edges, self._lookup, plumtree, self.rng, rtt=self.rtt
+        )
         self.backfill = Backfill(
             self._lookup,
             self._verify_backfilled,
@@ -135,6 +144,7 @@ class PulsarCore(Publishing, VersionAdoption):
             "repair_pushed": 0,
             "records_written": 0,
             "store_quorum_failed": 0,
+            "stale_edges": 0,
         }
 
     def handle(self, event: ev.InEvent, now: float) -> Out:
@@ -251,7 +261,26 @@ class PulsarCore(Publishing, VersionAdoption):
                 extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
         out += self.backfill.arm_tick()
+        out += self._probes(out, now)
         return coalesce(out)
+
+    def _probes(self, out: Out, now: float) -> Out:
+        """PINGs to the peers this step talks to whose round-trip time is unknown or
+        stale: measurement follows traffic, so an idle node sends none."""
+        probes: Out = []
+        asked: set[PeerId] = set()
+        wanted = self.rtt.wanted
+        for item in out:
+            if type(item) is not ev.Send or type(item.message) in _NOT_PROBED:
+                continue
+            peer = item.peer
+            if peer in asked:
+                continue
+            asked.add(peer)
+            nonce = wanted(peer, now)
+            if nonce is not None:
+                probes.append(ev.Send(peer, Ping(nonce)))
+        return probes
 
     def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
         topic = cmd.topic
@@ -336,6 +365,7 @@ class PulsarCore(Publishing, VersionAdoption):
             case Ping():
                 return [ev.Send(peer, Pong(message.nonce))]
             case Pong():
+                self.rtt.answered(peer, message.nonce, now)
                 return []
             case IHave():
                 return self.lazy.on_ihave(peer, message, self._known_in(message.topic), now)
@@ -432,7 +462,7 @@ class PulsarCore(Publishing, VersionAdoption):
         cid = cid_of(msg.block)
         if cid in tree.seen or self.backfill.known(tree.topic.cid, cid):
             self.metrics["duplicates"] += 1
-            return self.lazy.duplicate(msg.topic, peer)
+            return self.lazy.duplicate(msg.topic, peer) or self._stale_edge(tree, peer, now)
         try:
             event = EventDescriptor.from_block(msg.block, cid)
         except InvalidDescriptor as exc:
@@ -445,6 +475,25 @@ class PulsarCore(Publishing, VersionAdoption):
         if peer is not None:
             tree.retries.pop(peer, None)
         return self._accept(tree, event, msg.hop, peer, now)
+
+    def _stale_edge(self, tree: Tree, peer: PeerId | None, now: float) -> Out:
+        """A duplicate pushed over an edge we do not hold: a parent we left whose LEAVE was
+        lost, or a child we forgot (a restart). LEAVE ends it on the other side (a child
+        then joins again), at most once per peer per ``stale_edge_quiet``."""
+        if peer is None or peer in tree.parents or peer in tree.children:
+            return []
+        if peer in self.lazy.eager_extra(tree.topic.cid):
+            return []
+        told = tree.stale_told
+        last = told.get(peer)
+        if last is not None and now - last < self.config.stale_edge_quiet:
+            return []
+        if len(told) >= 64:
+            for old in [p for p, t in told.items() if now - t >= self.config.stale_edge_quiet]:
+                del told[old]
+        told[peer] = now
+        self.metrics["stale_edges"] += 1
+        return [ev.Send(peer, Leave(tree.topic.cid))]
 
     def _judge(self, tree: Tree, event: EventDescriptor) -> str | None:
         """Why ``event`` may not enter ``tree`` (None: it may). The meta topic takes
@@ -478,6 +527,7 @@ class PulsarCore(Publishing, VersionAdoption):
 
     def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> Out:
         peer = down.peer
+        self.rtt.forget(peer)
         out: Out = self.backfill.peer_down(peer, now)
         out += self.lazy.peer_down(peer)
         for tree in list(self._trees.values()):

@@ -20,9 +20,12 @@ which are never pruned: they are the tree. This layer adds, per topic:
   as eager), then, after a shorter timer, to the next announcer, and so on;
 * **PRUNE**: an event arriving twice over a grafted (non-tree) link makes the receiver
   prune that link back to lazy;
-* the **hop-count optimisation**: if an IHAVE announced an event at a hop count at least
-  ``optimisation_threshold`` lower than the copy that arrived eagerly over a grafted link,
-  the announcer is grafted and the eager sender pruned.
+* the **hop-count optimisation**: if an IHAVE announces an event (before or after its
+  eager copy) at a hop count at least ``optimisation_threshold`` lower than the copy that
+  came over a grafted link, the announcer is grafted and that sender pruned. Tree edges
+  are not swapped: join routing keeps the tree acyclic, which a swap could undo;
+* **waits that follow the network**: both graft timers are at least the RTO
+  (:mod:`pulsar.proto.rtt`) of the links the copy should come over.
 
 As in iroh-gossip's ``proto/plumtree``, timers are outputs (``SetTimer``) and come back as
 inputs; the core owns tree membership and calls in here.
@@ -42,6 +45,7 @@ from . import events as ev
 from .events import Out
 from .gossip_messages import MAX_IHAVE, MAX_SAMPLE, Graft, IHave, Prune, Shuffle
 from .messages import Event
+from .rtt import RttTable
 from .timers import DispatchTimer, GraftTimer, PlumtreeTimer, ShuffleTimer
 
 __all__ = ["DispatchTimer", "GraftTimer", "Plumtree", "PlumtreeConfig", "ShuffleTimer"]
@@ -64,9 +68,15 @@ class PlumtreeConfig:
     dispatch_delay: float = 0.05
     """IHAVE batching delay (iroh uses 5 ms over QUIC; we favour fewer, larger frames)."""
     graft_timeout_1: float = 0.5
-    """How long to wait for the eager copy after the first IHAVE before grafting."""
+    """How long to wait for the eager copy after the first IHAVE before grafting, at
+    least: once round-trip times are measured the wait is the longest retransmission wait
+    (RTO) of the topic's eager links, so a copy one hop behind on a slow path is not
+    grafted for."""
     graft_timeout_2: float = 0.25
-    """How long to wait for a grafted peer before grafting the next announcer."""
+    """How long to wait for a grafted peer before grafting the next announcer, at least:
+    with the grafted peer's round-trip time measured, its RTO if longer."""
+    graft_timeout_max: float = 10.0
+    """The longest either graft wait grows to, however slow the path."""
     optimisation_threshold: int = 7
     cache_size: int = 10_000
     """Hop counts of recent events remembered (for GRAFT answers and the optimisation)."""
@@ -84,6 +94,9 @@ class _Topic:
     topic that carries nothing has no use for them and never shuffles."""
     missing: dict[CID, deque[tuple[PeerId, int]]] = field(default_factory=dict)
     hops: dict[CID, int] = field(default_factory=dict)
+    via: dict[CID, PeerId] = field(default_factory=dict)
+    """Recent events that came over a grafted link, by who sent them: the links the
+    hop-count optimisation may replace."""
 
 
 Neighbours = Callable[[CID], set[PeerId]]
@@ -104,17 +117,22 @@ class Plumtree:
         lookup: Lookup,
         config: PlumtreeConfig | None = None,
         rng: random.Random | None = None,
+        *,
+        rtt: RttTable | None = None,
     ) -> None:
         self.me = me
         self.config = config or PlumtreeConfig()
         self.rng = rng or random.Random(0)
+        self.rtt = rtt or RttTable()
         self._neighbours = neighbours
         self._lookup = lookup
         self._topics: dict[CID, _Topic] = {}
         self._queue: dict[PeerId, dict[CID, list[tuple[CID, int]]]] = {}
         self._dispatch_armed = False
         self._shuffle_armed = False
-        self.metrics: dict[str, int] = {"ihave_sent": 0, "grafts": 0, "prunes": 0, "repaired": 0}
+        self.metrics: dict[str, int] = {
+            "ihave_sent": 0, "grafts": 0, "prunes": 0, "repaired": 0, "optimised": 0,
+        }
 
     # ------------------------------------------------------------------ membership
 
@@ -238,16 +256,16 @@ class Plumtree:
         state.hops[cid] = hop
         if len(state.hops) > self.config.cache_size:
             del state.hops[next(iter(state.hops))]
+        if sender is not None and sender in state.grafted:
+            state.via[cid] = sender
+            if len(state.via) > self.config.cache_size:
+                del state.via[next(iter(state.via))]
         announcers = state.missing.pop(cid, None)
         if announcers and sender is not None and sender in state.grafted:
             best = min(announcers, key=lambda a: a[1])
             if hop - best[1] >= self.config.optimisation_threshold:
-                state.grafted.discard(sender)
-                state.lazy.add(sender)
-                state.grafted.add(best[0])
-                self.metrics["grafts"] += 1
-                self.metrics["prunes"] += 1
-                out += [ev.Send(best[0], Graft(topic, None)), ev.Send(sender, Prune(topic))]
+                state.via.pop(cid, None)
+                out += self._swap(topic, state, sender, best[0])
         queued = False
         for peer in state.lazy:
             if peer != sender:
@@ -279,16 +297,45 @@ class Plumtree:
         out: Out = []
         for cid, hop in msg.entries:
             if known(cid):
+                out += self._optimise(msg.topic, state, peer, cid, hop)
                 continue
             announcers = state.missing.get(cid)
             if announcers is None:
                 if len(state.missing) >= self.config.cache_size:
                     continue
                 announcers = state.missing[cid] = deque()
-                out.append(ev.SetTimer(self.config.graft_timeout_1, GraftTimer(msg.topic, cid)))
+                out.append(ev.SetTimer(self._first_wait(msg.topic, state),
+                                       GraftTimer(msg.topic, cid)))
             if all(a[0] != peer for a in announcers):
                 announcers.append((peer, hop))
         return out
+
+    def _optimise(self, topic: CID, state: _Topic, peer: PeerId, cid: CID, hop: int) -> Out:
+        """Plumtree's tree optimisation for an event we have: if it came over a grafted
+        link at least ``optimisation_threshold`` hops later than ``peer`` had it, make
+        ``peer`` the eager link and the grafted sender lazy again. Tree edges are the tree
+        (join routing keeps it acyclic) and are never swapped this way."""
+        sender = state.via.get(cid)
+        received = state.hops.get(cid)
+        if sender is None or received is None or sender == peer or sender not in state.grafted:
+            return []
+        if received - hop < self.config.optimisation_threshold:
+            return []
+        del state.via[cid]
+        return self._swap(topic, state, sender, peer)
+
+    def _swap(self, topic: CID, state: _Topic, old: PeerId, new: PeerId) -> Out:
+        """Replace the grafted link to ``old`` by one to ``new`` (GRAFT without an event
+        asks ``new`` to push from now on; PRUNE makes ``old`` lazy again)."""
+        state.grafted.discard(old)
+        state.lazy.add(old)
+        state.lazy.discard(new)
+        if new not in self._neighbours(topic):
+            state.grafted.add(new)
+        self.metrics["grafts"] += 1
+        self.metrics["prunes"] += 1
+        self.metrics["optimised"] += 1
+        return [ev.Send(new, Graft(topic, None)), ev.Send(old, Prune(topic))]
 
     def on_graft(self, peer: PeerId, msg: Graft, now: float) -> Out:
         state = self._topics.get(msg.topic)
@@ -365,8 +412,20 @@ class Plumtree:
         self.metrics["grafts"] += 1
         return [
             ev.Send(peer, Graft(timer.topic, timer.event)),
-            ev.SetTimer(self.config.graft_timeout_2, timer),
+            ev.SetTimer(self._wait(self.config.graft_timeout_2, {peer}), timer),
         ]
+
+    def _first_wait(self, topic: CID, state: _Topic) -> float:
+        """How long an announced event may take to come eagerly: the eager links' longest
+        RTO (the copy comes over one of them, at most about a round trip behind the
+        announcement on a sound tree)."""
+        return self._wait(self.config.graft_timeout_1, self._neighbours(topic) | state.grafted)
+
+    def _wait(self, floor: float, peers: set[PeerId]) -> float:
+        rto = self.rtt.worst_rto(peers)
+        if rto is None:
+            return floor
+        return min(max(floor, rto), max(floor, self.config.graft_timeout_max))
 
     def _shuffle(self, now: float) -> Out:
         """The node's shuffle tick: each topic that lacks lazy links and is due shuffles

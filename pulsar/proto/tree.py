@@ -22,6 +22,7 @@ from dag import CID, PeerId, TopicDescriptor
 from . import events as ev
 from .events import Out
 from .messages import Join, Leave, RequestToPublish
+from .rtt import RttTable
 from .timers import JoinTimeout, RetryParent, RootCheck
 
 if TYPE_CHECKING:
@@ -84,6 +85,8 @@ class Tree:
     record_seq: int = 0
     publishers: OrderedDict[PeerId, None] = field(default_factory=OrderedDict)
     """Publishers seen lately (named in our heads record, for discovery)."""
+    stale_told: dict[PeerId, float] = field(default_factory=dict)
+    """Peers told LEAVE for pushing over an edge we do not hold, and when."""
 
     def neighbours(self) -> set[PeerId]:
         return self.parents | self.children
@@ -95,10 +98,13 @@ class Tree:
 class TreeRouter:
     """Join routing and parent maintenance for every tree of one node."""
 
-    def __init__(self, me: PeerId, routing: Routing, config: CoreConfig) -> None:
+    def __init__(
+        self, me: PeerId, routing: Routing, config: CoreConfig, rtt: RttTable | None = None
+    ) -> None:
         self.me = me
         self.routing = routing
         self.config = config
+        self.rtt = rtt or RttTable()
         self.trees: dict[CID, Tree] = {}
         self._kid_cache: dict[PeerId, int] = {}
 
@@ -155,11 +161,20 @@ class TreeRouter:
         tree.parents = {peer}
         return self.send_join(tree, peer)
 
+    def join_wait(self, peer: PeerId) -> float:
+        """How long a JOIN to ``peer`` may go unanswered: JOINED comes straight back, so
+        ``join_rtts`` retransmission waits of the path to that peer (or to the farthest
+        neighbour measured, if that one was not yet), never less than ``join_timeout``."""
+        rto = self.rtt.worst_rto({peer})
+        if rto is None:
+            return self.config.join_timeout
+        return max(self.config.join_timeout, self.config.join_rtts * rto)
+
     def send_join(self, tree: Tree, peer: PeerId) -> Out:
         tree.confirmed.discard(peer)
         return [
             ev.Send(peer, Join(tree.topic.cid, tree.topic.block)),
-            ev.SetTimer(self.config.join_timeout, JoinTimeout(tree.topic.cid, peer)),
+            ev.SetTimer(self.join_wait(peer), JoinTimeout(tree.topic.cid, peer)),
         ]
 
     def parent_failed(self, tree: Tree, peer: PeerId, now: float, *, give_up: bool = False,

@@ -12,7 +12,7 @@ from dag.codec import encode_reference_free
 from pulsar.proto import events as ev
 from pulsar.proto.backfill import HeadsTick
 from pulsar.proto.core import CoreConfig, PulsarCore
-from pulsar.proto.messages import Event, Join, Leave, RequestToPublish
+from pulsar.proto.messages import Event, Join, Leave, Ping, RequestToPublish
 from pulsar.proto.plumtree import ShuffleTimer
 from pulsar.proto.repair_messages import Heads, Joined
 from pulsar.proto.timers import JoinTimeout, RecordTimer, RetryParent
@@ -29,15 +29,22 @@ class StaticRouting:
 
 
 def _tree_outputs(out: list[Any]) -> list[Any]:
-    """The outputs of the tree logic, without the repair layers' periodic timers and the
-    look-ups a subscription starts (heads records, the meta topic's descriptor)."""
+    """The outputs of the tree logic, without the repair layers' periodic timers, the
+    look-ups a subscription starts (heads records, the meta topic's descriptor) and the
+    round-trip probes (tested on their own below)."""
     periodic = (ShuffleTimer, HeadsTick)
     return [
         o
         for o in out
         if not (isinstance(o, ev.SetTimer) and isinstance(o.timer, periodic))
         and not isinstance(o, ev.FetchRecords | ev.Fetch)
+        and not (isinstance(o, ev.Send) and isinstance(o.message, Ping))
     ]
+
+
+def _step(core: PulsarCore, event: Any, now: float) -> list[Any]:
+    """One input to ``core``; the tree logic's outputs (see :func:`_tree_outputs`)."""
+    return _tree_outputs(core.handle(event, now))
 
 
 def _leave_and_join(topic: TopicDescriptor, old: PeerId, new: PeerId) -> list[Any]:
@@ -77,7 +84,7 @@ def test_join_goes_to_the_closest_strictly_closer_peer() -> None:
     far = ranked[-1]
     routing = StaticRouting([i.peer_id for i in ranked[:-1]])  # not the author itself
     core = PulsarCore(far, routing)
-    out = _tree_outputs(core.handle(ev.Subscribe(topic), 0.0))
+    out = _step(core, ev.Subscribe(topic), 0.0)
     assert out == _join(topic, ranked[0].peer_id)
     view = core.tree(topic.cid)
     assert view is not None and view.parents == {ranked[0].peer_id} and not view.is_root
@@ -90,7 +97,7 @@ def test_node_knowing_nobody_closer_acts_as_root() -> None:
     closest = min(others, key=lambda i: _distance(i.peer_id, author.peer_id))
     farther = [i.peer_id for i in others if i is not closest]
     core = PulsarCore(closest, StaticRouting(farther))
-    out = _tree_outputs(core.handle(ev.Subscribe(topic), 0.0))
+    out = _step(core, ev.Subscribe(topic), 0.0)
     assert len(out) == 1 and isinstance(out[0], ev.SetTimer)
     assert core.tree(topic.cid).is_root  # type: ignore[union-attr]
 
@@ -102,7 +109,7 @@ def test_join_received_by_a_member_stops_there() -> None:
     core.handle(ev.Subscribe(topic), 0.0)
     child = _ident(2).peer_id
     # Answered with our heads (none yet): the child knows its JOIN got through.
-    out = core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
+    out = _step(core, ev.Received(child, Join(topic.cid, topic.block)), 0.0)
     assert out == [ev.Send(child, Joined(topic.cid, ()))]
     assert core.tree(topic.cid).children == {child}  # type: ignore[union-attr]
 
@@ -114,7 +121,7 @@ def test_joined_names_members_so_a_new_child_has_lazy_links_without_a_shuffle() 
     core.handle(ev.Subscribe(topic), 0.0)
     first, second = _ident(2).peer_id, _ident(3).peer_id
     core.handle(ev.Received(first, Join(topic.cid, topic.block)), 0.0)
-    out = core.handle(ev.Received(second, Join(topic.cid, topic.block)), 0.1)
+    out = _step(core, ev.Received(second, Join(topic.cid, topic.block)), 0.1)
     assert out == [ev.Send(second, Joined(topic.cid, (), (first,)))]
     # The child takes the sample as lazy links at once.
     child = PulsarCore(_ident(3), StaticRouting([author.peer_id]))
@@ -130,7 +137,7 @@ def test_publish_stores_in_the_dht_before_forwarding() -> None:
     core.handle(ev.Subscribe(topic), 0.0)
     child = _ident(2).peer_id
     core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
-    out = core.handle(ev.Publish(topic.cid, b"hi", None, 7), 1.0)
+    out = _step(core, ev.Publish(topic.cid, b"hi", None, 7), 1.0)
     assert len(out) == 1 and isinstance(out[0], ev.StoreDht)
     stored = out[0]
     out = core.handle(ev.DhtStored(stored.cid, 3), 1.1)
@@ -165,7 +172,7 @@ def test_a_publisher_forwards_its_chain_in_order_whatever_order_the_stores_finis
     assert sent(core.handle(ev.DhtStored(stores[1].cid, 3), 5.1)) == []
     assert sent(core.handle(ev.DhtStored(stores[0].cid, 3), 5.2)) == [stores[0].cid, stores[1].cid]
     # The third completes the chain, releasing the fourth behind it.
-    out = core.handle(ev.DhtStored(stores[2].cid, 1), 5.3)
+    out = _step(core, ev.DhtStored(stores[2].cid, 1), 5.3)
     assert sent(out) == [stores[2].cid, stores[3].cid]
     assert [o.request for o in out if isinstance(o, ev.Published)] == [2, 3]
 
@@ -198,20 +205,20 @@ def test_lost_parent_is_retried_then_routed_around() -> None:
     core.handle(ev.Subscribe(topic), 0.0)
     first = others[0].peer_id
     core.handle(ev.Received(first, Joined(topic.cid, ())), 0.5)  # the edge was confirmed
-    out = core.handle(ev.PeerDown(first), 1.0)
+    out = _step(core, ev.PeerDown(first), 1.0)
     assert out == [ev.SetTimer(0.25, RetryParent(topic.cid, first))]
-    assert core.handle(ev.TimerFired(RetryParent(topic.cid, first)), 1.3) == _join(topic, first)
+    assert _step(core, ev.TimerFired(RetryParent(topic.cid, first)), 1.3) == _join(topic, first)
     # Connection lost again before an answer: retried once more, with backoff ...
-    assert core.handle(ev.PeerDown(first), 1.4) == [ev.SetTimer(0.5, RetryParent(topic.cid, first))]
+    assert _step(core, ev.PeerDown(first), 1.4) == [ev.SetTimer(0.5, RetryParent(topic.cid, first))]
     # ... and once the retries are used up, routing goes around it.
-    out = core.handle(ev.PeerDown(first), 2.0)
+    out = _step(core, ev.PeerDown(first), 2.0)
     assert out == _join(topic, others[1].peer_id)
     # A re-sent JOIN that cannot even be dialled gives up at once (the transport retried).
     second = others[1].peer_id
     core.handle(ev.Received(second, Joined(topic.cid, ())), 2.1)
     core.handle(ev.PeerDown(second), 2.2)
-    assert core.handle(ev.TimerFired(RetryParent(topic.cid, second)), 2.5) == _join(topic, second)
-    assert core.handle(ev.SendFailed(second), 2.6) == _join(topic, others[2].peer_id)
+    assert _step(core, ev.TimerFired(RetryParent(topic.cid, second)), 2.5) == _join(topic, second)
+    assert _step(core, ev.SendFailed(second), 2.6) == _join(topic, others[2].peer_id)
 
 
 def test_a_parent_never_reached_is_routed_around_at_once() -> None:
@@ -224,7 +231,7 @@ def test_a_parent_never_reached_is_routed_around_at_once() -> None:
     )
     core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
     core.handle(ev.Subscribe(topic), 0.0)
-    out = core.handle(ev.SendFailed(others[0].peer_id), 0.1)
+    out = _step(core, ev.SendFailed(others[0].peer_id), 0.1)
     assert out == _join(topic, others[1].peer_id)
 
 
@@ -241,9 +248,9 @@ def test_a_parent_too_slow_to_answer_the_join_is_left_and_routed_around() -> Non
     core.handle(ev.Subscribe(topic), 0.0)
     slow = others[0].peer_id
     timeout = ev.TimerFired(JoinTimeout(topic.cid, slow))
-    assert core.handle(timeout, 2.0) == [ev.SetTimer(0.25, RetryParent(topic.cid, slow))]
-    assert core.handle(ev.TimerFired(RetryParent(topic.cid, slow)), 2.3) == _join(topic, slow)
-    assert core.handle(timeout, 4.3) == _leave_and_join(topic, slow, others[1].peer_id)
+    assert _step(core, timeout, 2.0) == [ev.SetTimer(0.25, RetryParent(topic.cid, slow))]
+    assert _step(core, ev.TimerFired(RetryParent(topic.cid, slow)), 2.3) == _join(topic, slow)
+    assert _step(core, timeout, 4.3) == _leave_and_join(topic, slow, others[1].peer_id)
 
 
 def test_leave_from_parent_makes_the_child_rejoin() -> None:
@@ -255,7 +262,7 @@ def test_leave_from_parent_makes_the_child_rejoin() -> None:
     )
     core = PulsarCore(others[-1], StaticRouting([i.peer_id for i in others[:-1]]))
     core.handle(ev.Subscribe(topic), 0.0)
-    out = core.handle(ev.Received(others[0].peer_id, Leave(topic.cid)), 1.0)
+    out = _step(core, ev.Received(others[0].peer_id, Leave(topic.cid)), 1.0)
     assert out == _join(topic, others[0].peer_id)
 
 
