@@ -18,7 +18,13 @@ class DhtConfig:
     """Every knob of a :class:`~dht.node.DhtNode`. Tests shrink the timers."""
 
     ksize: int = 20
-    """Bucket size and replication factor: each block goes to the k closest nodes."""
+    """Bucket size, and how many live nodes a lookup converges on."""
+    replicas: int = 8
+    """Replication factor: each block is stored at this many of the closest nodes (at most
+    ``ksize``). Eight, not k = 20: a block is lost only if all its holders leave within
+    one republish interval, with probability p^r for independent departures (p = 0.3:
+    7e-5 at r = 8), and every subscriber keeps the events it delivered besides; the
+    argument is in docs/architecture.md. Each replica costs a STORE per block."""
     alpha: int = 3
     """Lookup parallelism: queries in flight per lookup."""
     rpc_timeout: float = 5.0
@@ -93,9 +99,14 @@ class DhtConfig:
     """Requested UDP receive/send buffer (the kernel caps it at ``net.core.rmem_max``), so a
     burst of pipelined stores is queued rather than dropped."""
 
+    @property
+    def replication(self) -> int:
+        """The replicas actually written: ``replicas``, but never more than ``ksize``."""
+        return min(self.replicas, self.ksize)
+
     def __post_init__(self) -> None:
-        if self.ksize < 1 or self.alpha < 1 or self.put_concurrency < 1:
-            raise ValueError("ksize, alpha and put_concurrency must be positive")
+        if self.ksize < 1 or self.alpha < 1 or self.put_concurrency < 1 or self.replicas < 1:
+            raise ValueError("ksize, replicas, alpha and put_concurrency must be positive")
         if self.silent_for < 0:
             raise ValueError("silent_for must not be negative")
         if self.rpc_timeout <= 0 or self.get_timeout <= 0:

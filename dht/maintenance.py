@@ -9,15 +9,16 @@ everything a week after first store or at the first restart. The rules here:
   when we last pushed it out or someone else pushed it to us (a fresh STORE means the other
   closest nodes just got it too: the Kademlia paper's optimisation, so only one holder
   republishes per interval).
-* Every ``republish_interval`` a record is stored again at the k closest nodes found by a
-  lookup. If we are among those k (or nobody else acknowledged), we are a rightful holder
-  and restamp the record, so it never expires while we hold it. Otherwise we only note the
-  republish; nobody will store it here again, and ``record_ttl`` later it expires. Records
-  thus migrate to the nodes closest to them and persist there, after any publisher is gone.
+* Every ``republish_interval`` a record is stored again at the r closest nodes (r is
+  ``replicas``) found by a lookup. If we are among those r (or nobody else acknowledged),
+  we are a rightful holder and restamp the record, so it never expires while we hold it.
+  Otherwise we only note the republish; nobody will store it here again, and
+  ``record_ttl`` later it expires. Records thus migrate to the nodes closest to them and
+  persist there, after any publisher is gone.
 * Expiry runs only once every due republish is done, so a node that was down for longer
   than the TTL first hands its records over (or finds it still holds them rightfully)
   instead of dropping them on start.
-* A newly met node gets the records it is closer to than the k-th closest node we knew, from
+* A newly met node gets the records it is closer to than the r-th closest node we knew, from
   the one holder that was closest (section 2.5), in a background task over pages of storage.
 """
 
@@ -158,7 +159,7 @@ class Maintainer:
             self._handoff_running = False
 
     async def _hand_off(self, newcomers: list[Node]) -> None:
-        protocol, k = self._protocol, self._config.ksize
+        protocol, k = self._protocol, self._config.replication
         new_ids = {n.id for n in newcomers}
         me = protocol.source_node.long_id
         # The other known nodes as integers, once per hand-off: per record, only XOR

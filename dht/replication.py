@@ -279,12 +279,14 @@ class Replicator:
 
     async def replicate(self, key: bytes, value: bytes, quorum: int | None = None
                         ) -> Replicated:
-        """Store at the k closest nodes. With ``quorum``, return as soon as that many
-        acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
-        in ``stats.background_acks`` / ``background_stores``."""
+        """Store at the ``replication`` closest nodes (found by a lookup that converges on
+        the k closest, so the nearest of those are live ones). With ``quorum``, return as
+        soon as that many acknowledged (Kafka's ``acks``): the other stores go on in the
+        background, counted in ``stats.background_acks`` / ``background_stores``."""
         config = self._config
-        targets = await find_closest(self._protocol, key, ksize=config.ksize,
-                                     alpha=config.alpha, stats=self._stats, cache=self._cache)
+        found = await find_closest(self._protocol, key, ksize=config.ksize,
+                                   alpha=config.alpha, stats=self._stats, cache=self._cache)
+        targets = found[: config.replication]
         if quorum is None:
             acks = await self.batcher.store_all(targets, key, value)
             return Replicated(acks, len(targets), self._we_are_close(key, targets))
@@ -317,7 +319,7 @@ class Replicator:
         return [r for r in results if r is not None]
 
     def _we_are_close(self, key: bytes, targets: list[Node]) -> bool:
-        if len(targets) < self._config.ksize:
+        if len(targets) < self._config.replication:
             return True
         target = int.from_bytes(key, "big")
         return bool(self._protocol.source_node.long_id ^ target

@@ -138,6 +138,7 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "api_port": 8700,
     "token": None,
     "min_acks": 1,
+    "replicas": 8,
 }
 """Settings of ``pulsarcast node``: a flag given on the command line wins over the config
 file (``--config``, TOML, the same names with underscores), which wins over these."""
@@ -171,6 +172,11 @@ def _node_settings(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("bootstrap must be a list of \"HOST:PORT\" strings")
     if type(settings["min_acks"]) is not int or not 0 <= settings["min_acks"] <= 20:
         raise SystemExit(f"min_acks must be an integer in 0..20, not {settings['min_acks']!r}")
+    if type(settings["replicas"]) is not int or not 1 <= settings["replicas"] <= 20:
+        raise SystemExit(f"replicas must be an integer in 1..20, not {settings['replicas']!r}")
+    if settings["min_acks"] > settings["replicas"]:
+        raise SystemExit(f"min_acks ({settings['min_acks']}) cannot exceed replicas "
+                         f"({settings['replicas']}): the quorum could never be met")
     return settings
 
 
@@ -178,6 +184,7 @@ def _node(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from api.runner import run_node
+    from dht import DhtConfig
 
     from .config import NodeConfig
     from .proto.core import CoreConfig
@@ -194,7 +201,8 @@ def _node(args: argparse.Namespace) -> int:
     try:
         config = NodeConfig(data_dir=Path(settings["data_dir"]), host=settings["host"],
                             port=settings["port"], bootstrap=bootstrap,
-                            core=CoreConfig(min_acks=settings["min_acks"]))
+                            core=CoreConfig(min_acks=settings["min_acks"]),
+                            dht=DhtConfig(replicas=settings["replicas"]))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return asyncio.run(run_node(config, settings["api_host"], settings["api_port"],
@@ -212,7 +220,7 @@ def _add_node(sub: Any) -> None:
     node = sub.add_parser("node", help="run one node with its REST API until Ctrl-C")
     node.add_argument("--config", default=None, metavar="FILE.toml",
                       help="settings file (TOML: data_dir, host, port, bootstrap, api_host, "
-                      "api_port, token); flags override it")
+                      "api_port, token, min_acks, replicas); flags override it")
     node.add_argument("--data-dir", default=None, help="key, database and API token live here")
     node.add_argument("--host", default=None, help="p2p bind address (default 127.0.0.1)")
     node.add_argument("--port", type=int, default=None,
@@ -228,6 +236,9 @@ def _add_node(sub: Any) -> None:
     node.add_argument("--min-acks", type=int, default=None,
                       help="DHT nodes that must store an event before it is published "
                       "(default 1; 0 for a node that runs alone on purpose)")
+    node.add_argument("--replicas", type=int, default=None,
+                      help="DHT nodes each block is stored at (default 8, at most 20; see "
+                      "docs/architecture.md, 'How many replicas')")
     node.add_argument("--json", action="store_true", help="print the node's details as JSON")
     node.set_defaults(handler=_node)
 

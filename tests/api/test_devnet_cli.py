@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.waiting import eventually
 
@@ -107,3 +108,17 @@ async def test_node_command_with_a_token_does_not_point_at_a_token_file(tmp_path
                 lines.append(line)
     assert "  token given with --token (not stored)\n" in lines
     assert not (data / "api-token").exists()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--replicas", "0"], "replicas must be an integer in 1..20"),
+    (["--replicas", "21"], "replicas must be an integer in 1..20"),
+    (["--replicas", "2", "--min-acks", "3"], "min_acks (3) cannot exceed replicas (2)"),
+])
+def test_node_command_refuses_replicas_it_cannot_honour(
+        tmp_path: Path, flags: list[str], message: str) -> None:
+    from pulsar.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["node", "--data-dir", str(tmp_path / "data"), *flags])
+    assert message in str(stopped.value)

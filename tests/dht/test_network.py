@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
@@ -24,7 +25,7 @@ from dht import (
 )
 from tests.waiting import eventually
 
-from .conftest import Network
+from .conftest import FAST, Network
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +53,20 @@ async def test_put_many_reports_replication(network: Network) -> None:
     assert all(r.targets == 5 and r.acks == 5 for r in results)
     for r in results[:5]:
         assert await nodes[4].get(r.cid) is not None
+
+
+async def test_blocks_go_to_the_replicas_closest_nodes_not_to_all_k(network: Network) -> None:
+    config = dataclasses.replace(FAST, replicas=3)
+    nodes = await network.grow(12, config=config)
+    writer = nodes[0]
+    results = await writer.put_many([block(i) for i in range(10)])
+    for r in results:
+        assert (r.targets, r.acks) == (3, 3)
+        key = dht_key(r.cid)
+        target = int.from_bytes(key, "big")
+        others = sorted(nodes[1:], key=lambda n: int.from_bytes(n.node_id, "big") ^ target)
+        holders = {n.node_id for n in nodes[1:] if n.records.get(key) is not None}
+        assert holders == {n.node_id for n in others[:3]}
 
 
 async def test_a_lone_node_stores_locally_and_reports_no_acks(network: Network) -> None:
