@@ -91,6 +91,7 @@ from .backfill_state import (
 from .causal import CausalOrder
 from .events import GapReported, Out
 from .gaps import GapFetching
+from .rtt import RttTable
 from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, WantTimeout
 
 __all__ = [
@@ -133,8 +134,10 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
         is_delivered: IsDelivered | None = None,
         neighbours: Neighbours | None = None,
         config: BackfillConfig | None = None,
+        rtt: RttTable | None = None,
     ) -> None:
         self.config = config or BackfillConfig()
+        self.rtt = rtt or RttTable()
         self._lookup = lookup
         self._verify = verify
         self._is_delivered = is_delivered or _never_delivered

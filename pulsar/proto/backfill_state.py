@@ -27,6 +27,7 @@ from .repair_messages import (
     MAX_HAVE,
     MAX_WANT_LIMIT,
 )
+from .rtt import RttTable
 
 __all__ = [
     "REPAIR_HOP",
@@ -65,7 +66,10 @@ class BackfillConfig:
     want_limit: int = 512
     """Blocks asked for per WANT: one round trip closes a gap of this length."""
     want_timeout: float = 2.0
-    """How long a WANT may go unanswered before the DHT is asked instead."""
+    """How long a WANT may go unanswered before the DHT is asked instead, at least: with
+    the peer's round-trip time measured, ``want_rtts`` x its RTO if longer (a slow path
+    must not make every answer arrive after the DHT was asked, as a duplicate)."""
+    want_rtts: float = 2.0
     gap_timeout: float = 5.0
     """The longest a gap holds delivery back before it is reported and skipped."""
     heads_interval: float = 2.0
@@ -228,6 +232,8 @@ class BackfillParts(ABC):
     """Topics whose heads changed lately: the only ones the heads tick visits."""
     _woke: bool
     """A topic became active since the tick was last armed."""
+    rtt: RttTable
+    """The core's round-trip times: the WANT waits follow them."""
 
     def _activate(self, topic: CID) -> None:
         if topic not in self._active:
@@ -257,7 +263,7 @@ class BackfillParts(ABC):
     # -- gaps.py
     @abstractmethod
     def _open_gap(self, state: TopicState, missing: CID, peer: PeerId | None, now: float,
-                  out: Out) -> Gap: ...
+                  out: Out, *, reorder: bool = False) -> Gap: ...
 
     @abstractmethod
     def _merge(self, state: TopicState, gap: Gap, into: Gap | None, now: float,

@@ -195,7 +195,7 @@ class CausalOrder(BackfillParts):
             gap.failures = 0
             gap.stalled = False
             return gap
-        self._open_gap(state, parent, sender, now, out)
+        self._open_gap(state, parent, sender, now, out, reorder=not fetched)
         return None
 
     def _ready(self, state: TopicState, parent: CID | None, before_horizon: bool) -> bool:

@@ -119,6 +119,7 @@ class PulsarCore(Publishing, VersionAdoption):
             is_delivered=is_delivered,
             neighbours=lambda topic: self._tree_edges(topic) | self.lazy.lazy(topic),
             config=backfill,
+            rtt=self.rtt,
         )
         self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
         """Events waiting for the topic version they name, by that version's CID."""

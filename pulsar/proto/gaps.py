@@ -131,8 +131,13 @@ class GapFetching(BackfillParts):
         return out
 
     def _open_gap(
-        self, state: TopicState, missing: CID, peer: PeerId | None, now: float, out: Out
+        self, state: TopicState, missing: CID, peer: PeerId | None, now: float, out: Out,
+        *, reorder: bool = False,
     ) -> Gap:
+        """A new gap below ``missing``. With ``reorder`` (opened by an event that came
+        down the tree) its first request waits the sender's RTO: the parent is most likely
+        on its way over another path (a lazy or grafted link, a publisher elsewhere), and
+        asking at once makes its copy arrive twice."""
         while len(state.frontier) >= self.config.max_topic_gaps:
             self._drop(min(state.frontier.values(), key=lambda g: g.id), "evicted", now, out)
         while len(self._gaps) >= self.config.max_gaps:
@@ -142,8 +147,21 @@ class GapFetching(BackfillParts):
         self._gaps[gap.id] = gap
         state.frontier[missing] = gap
         self._arm(gap, self.config.gap_timeout, out)
+        wait = self._reorder_wait(peer) if reorder else 0.0
+        if wait > 0.0:
+            gap.retry_armed = True
+            out.append(ev.SetTimer(wait, RetryFetch(gap.topic, gap.id)))
         self._pump(state, gap, now, out)
         return gap
+
+    def _reorder_wait(self, peer: PeerId | None) -> float:
+        """How long a gap opened by a tree arrival from ``peer`` waits before its first
+        request: the RTO of that path (0 while nothing is measured), at most half the gap
+        timeout."""
+        if peer is None:
+            return 0.0
+        rto = self.rtt.worst_rto({peer})
+        return 0.0 if rto is None else min(rto, self.config.gap_timeout / 2)
 
     def _pump(self, state: TopicState, gap: Gap, now: float, out: Out) -> None:
         """Issue the gap's next request unless one is in flight: the local store first
@@ -176,7 +194,11 @@ class GapFetching(BackfillParts):
         want = Want(state.cid, cid, self.config.want_limit, have, state.horizon)
         out.append(ev.Send(peer, want))
         timeout = WantTimeout(state.cid, gap.id, peer, cid)
-        out.append(ev.SetTimer(self.config.want_timeout, timeout))
+        wait = self.config.want_timeout
+        rto = self.rtt.worst_rto({peer})
+        if rto is not None:
+            wait = max(wait, self.config.want_rtts * rto)
+        out.append(ev.SetTimer(wait, timeout))
 
     def _gap_above(self, state: TopicState, cid: CID) -> Gap | None:
         """The gap a held or frontier CID waits on: follow held parents to the frontier."""

@@ -11,13 +11,16 @@ import pytest
 
 from dag import CID, Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
+from pulsar.proto.backfill import GapTimeout, RetryFetch, WantTimeout
 from pulsar.proto.core import PulsarCore
 from pulsar.proto.gossip_messages import Graft, IHave, Prune
 from pulsar.proto.messages import Event, Join, Leave, Ping, Pong
 from pulsar.proto.plumtree import Plumtree, PlumtreeConfig
+from pulsar.proto.repair_messages import Want
 from pulsar.proto.rtt import RttConfig, RttEstimate, RttTable
 from pulsar.proto.timers import GraftTimer, JoinTimeout
 from pulsar.sim import SimNetwork
+from tests.proto.test_backfill import PEER, TID, _chain, _core
 
 
 def _peer(i: int) -> PeerId:
@@ -252,3 +255,38 @@ def test_a_slow_network_is_repaired_without_grafting_for_copies_one_hop_behind()
     # (the run lasts 75 simulated seconds).
     assert sent[Ping] <= 2 * len(links)
     assert sent[Ping] < sent[Event] / 5
+
+
+# --------------------------------------------------------------------------- backfill waits
+
+
+def test_a_gap_opened_down_the_tree_waits_the_senders_rto_and_wants_follow_it() -> None:
+    table = RttTable()
+    table.sample(PEER, 1.0, 0.0)
+    rto = table.rto(PEER)
+    assert rto == pytest.approx(3.0)
+    e0, e1, e2 = _chain(3)
+    core = _core(rtt=table)
+    core.accepted(TID, e0, 1, PEER, 0.0)
+    # e2 came down the tree before its parent: the parent is likely on its way over
+    # another path, so the first request waits one RTO of that path (capped at half the
+    # gap timeout) instead of going out at once.
+    out = core.accepted(TID, e2, 1, PEER, 1.0)
+    assert out == [
+        ev.SetTimer(5.0, GapTimeout(TID, 0, 1)),
+        ev.SetTimer(2.5, RetryFetch(TID, 0)),
+    ]
+    # The parent arrives in time: delivered in order, and nothing was asked.
+    out = core.accepted(TID, e1, 2, PEER, 2.0)
+    assert [o.event for o in out if isinstance(o, ev.Deliver)] == [e1, e2]
+    assert core.on_timer(RetryFetch(TID, 0), 3.5) == []
+    assert core.metrics["wants_sent"] == 0
+    # It does not: the WANT goes when the wait ends, and may take two RTOs to answer.
+    orphan = _chain(6)[5]  # the same chain further on: its parent never comes
+    held = core.accepted(TID, orphan, 1, PEER, 4.0)
+    [retry] = [o.timer for o in held if isinstance(o, ev.SetTimer)
+               and isinstance(o.timer, RetryFetch)]
+    out = core.on_timer(retry, 6.5)
+    want = [o for o in out if isinstance(o, ev.Send)]
+    assert len(want) == 1 and isinstance(want[0].message, Want)
+    assert ev.SetTimer(2 * rto, WantTimeout(TID, retry.gap, PEER, want[0].message.head)) in out
