@@ -21,7 +21,7 @@ from .backfill_state import (
     bounded_put,
 )
 from .events import GapReported, Out
-from .repair_messages import Blocks, Want
+from .repair_messages import MAX_HAVE, Blocks, Want
 from .timers import GapTimeout, RetryFetch, WantTimeout
 
 __all__ = ["GapFetching"]
@@ -188,10 +188,8 @@ class GapFetching(BackfillParts):
 
     def _want(self, state: TopicState, gap: Gap, peer: PeerId, cid: CID, out: Out) -> None:
         state.wants[(peer, cid)] = gap
-        count = self.config.have_count
-        have = tuple(list(state.heads)[-count:]) if count else ()
         self._counts["wants_sent"] += 1
-        want = Want(state.cid, cid, self.config.want_limit, have, state.horizon)
+        want = Want(state.cid, cid, self.config.want_limit, self._have(state), state.horizon)
         out.append(ev.Send(peer, want))
         timeout = WantTimeout(state.cid, gap.id, peer, cid)
         wait = self.config.want_timeout
@@ -199,6 +197,18 @@ class GapFetching(BackfillParts):
         if rto is not None:
             wait = max(wait, self.config.want_rtts * rto)
         out.append(ev.SetTimer(wait, timeout))
+
+    def _have(self, state: TopicState) -> tuple[CID, ...]:
+        """Where a WANT's answer may stop: our newest heads, then our most recently
+        delivered events (the parent of a missing event is most likely among them)."""
+        count = self.config.have_count
+        have: dict[CID, None] = dict.fromkeys(list(state.heads)[-count:] if count else ())
+        limit = min(MAX_HAVE, len(have) + self.config.have_recent)
+        for cid in reversed(state.settled):
+            if len(have) >= limit:
+                break
+            have[cid] = None
+        return tuple(have)
 
     def _gap_above(self, state: TopicState, cid: CID) -> Gap | None:
         """The gap a held or frontier CID waits on: follow held parents to the frontier."""

@@ -615,7 +615,11 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     heads = [(src, msg) for src, _, msg in net.sent if isinstance(msg, Heads)]
     assert (PEER, Heads(TID, (a1.cid, b2.cid))) in heads
     wants = [msg for _, _, msg in net.sent if isinstance(msg, Want)]
-    assert wants == [Want(TID, b2.cid, 512, (a1.cid,), None)]
+    # ``have``: n's head, then what it delivered lately: e0, no longer a head, is where
+    # the b branch hangs off, so the answer stops there instead of sending e0 again.
+    assert wants == [Want(TID, b2.cid, 512, (a1.cid, e0.cid), None)]
+    blocks = [msg for _, _, msg in net.sent if isinstance(msg, Blocks)]
+    assert [len(b.blocks) for b in blocks] == [2]
     assert n.delivered == [e0, a1, b1, b2]
     assert sorted(n.bf.heads(TID), key=bytes) == sorted([a1.cid, b2.cid], key=bytes)
 
