@@ -57,11 +57,15 @@ class AntiEntropy(BackfillParts):
         return [ev.Send(peer, Blocks(msg.topic, msg.head, tuple(blocks)))]
 
     def on_heads(self, peer: PeerId, msg: Heads, now: float) -> Out:
-        """A neighbour's heads: backfill each one we do not know, from that neighbour."""
-        return self.learn_heads(msg.topic, msg.heads, peer, now)
+        """A neighbour's heads: backfill each one we do not know, from that neighbour.
+        A HEADS names what its sender delivered lately, most likely still on its way
+        down the tree to us, so those gaps wait one RTO first; a JOINED's heads are
+        history we missed, asked for at once."""
+        return self.learn_heads(msg.topic, msg.heads, peer, now, reorder=type(msg) is Heads)
 
     def learn_heads(
-        self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float
+        self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float,
+        *, reorder: bool = False,
     ) -> Out:
         """Heads learned from ``peer`` (None: from the DHT's heads records): open a gap
         for each one we do not know, asking that peer first (or the DHT)."""
@@ -84,7 +88,7 @@ class AntiEntropy(BackfillParts):
                 bounded_put(state.settled, head, None, self.config.settled_limit)
                 continue
             self._counts["heads_unknown"] += 1
-            self._open_gap(state, head, peer, now, out)
+            self._open_gap(state, head, peer, now, out, reorder=reorder)
         return out
 
     def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:

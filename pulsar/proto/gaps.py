@@ -135,9 +135,9 @@ class GapFetching(BackfillParts):
         *, reorder: bool = False,
     ) -> Gap:
         """A new gap below ``missing``. With ``reorder`` (opened by an event that came
-        down the tree) its first request waits the sender's RTO: the parent is most likely
-        on its way over another path (a lazy or grafted link, a publisher elsewhere), and
-        asking at once makes its copy arrive twice."""
+        down the tree, or by a neighbour's HEADS) its first request waits the sender's
+        RTO: the missing event is most likely on its way over another path (down the
+        tree, a lazy or grafted link), and asking at once makes its copy arrive twice."""
         while len(state.frontier) >= self.config.max_topic_gaps:
             self._drop(min(state.frontier.values(), key=lambda g: g.id), "evicted", now, out)
         while len(self._gaps) >= self.config.max_gaps:

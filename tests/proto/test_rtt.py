@@ -16,7 +16,7 @@ from pulsar.proto.core import PulsarCore
 from pulsar.proto.gossip_messages import Graft, IHave, Prune
 from pulsar.proto.messages import Event, Join, Leave, Ping, Pong
 from pulsar.proto.plumtree import Plumtree, PlumtreeConfig
-from pulsar.proto.repair_messages import Want
+from pulsar.proto.repair_messages import Heads, Joined, Want
 from pulsar.proto.rtt import RttConfig, RttEstimate, RttTable
 from pulsar.proto.timers import GraftTimer, JoinTimeout
 from pulsar.sim import SimNetwork
@@ -290,3 +290,19 @@ def test_a_gap_opened_down_the_tree_waits_the_senders_rto_and_wants_follow_it() 
     want = [o for o in out if isinstance(o, ev.Send)]
     assert len(want) == 1 and isinstance(want[0].message, Want)
     assert ev.SetTimer(2 * rto, WantTimeout(TID, retry.gap, PEER, want[0].message.head)) in out
+
+
+def test_heads_wait_one_rto_for_the_tree_but_joined_history_is_asked_at_once() -> None:
+    table = RttTable()
+    table.sample(PEER, 1.0, 0.0)
+    e0, e1 = _chain(2)
+    core = _core(rtt=table)
+    core.accepted(TID, e0, 1, PEER, 0.0)
+    # A neighbour delivered e1 and says so; e1 is most likely coming down the tree.
+    out = core.on_heads(PEER, Heads(TID, (e1.cid,)), 1.0)
+    assert ev.SetTimer(2.5, RetryFetch(TID, 0)) in out
+    assert not any(isinstance(o, ev.Send) for o in out)
+    # A parent's JOINED names history this node missed: asked for at once.
+    late = _core(rtt=table)
+    out = late.on_heads(PEER, Joined(TID, (e1.cid,)), 1.0)
+    assert [type(o.message) for o in out if isinstance(o, ev.Send)] == [Want]
