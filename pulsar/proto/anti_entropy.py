@@ -25,6 +25,10 @@ from .repair_messages import MAX_BLOCK, Blocks, Heads, Want
 __all__ = ["AntiEntropy"]
 
 _REFRESH_ROUNDS = (1, 2, 4, 8, 16, 32)
+_FULL_FROM = 4
+"""Refresh rounds from this one on go to every neighbour, whatever it was sent or told:
+a copy lost on a live connection (injected loss, a connection cut mid-write) is caught
+up once the topic is quiet, however sure the sender was."""
 """Quiet periods (in ``heads_refresh`` ticks) after which heads go to every neighbour."""
 
 
@@ -91,6 +95,13 @@ class AntiEntropy(BackfillParts):
             self._open_gap(state, head, peer, now, out, reorder=reorder)
         return out
 
+    def cover(self, topic: CID, cid: CID, peers: Iterable[PeerId]) -> None:
+        """``peers`` have event ``cid`` of ``topic`` or were told of it (the core forwarded
+        or announced it to them): a HEADS need not tell them."""
+        state = self._topics.get(topic)
+        if state is not None:
+            bounded_put(state.covered, cid, frozenset(peers), self.config.heads_limit)
+
     def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:
         """Send our heads of an active ``topic`` to each neighbour that has not had this
         set yet; after 1, 2, 4, 8, 16 and 32 times ``heads_refresh`` quiet ticks, to all of
@@ -114,13 +125,19 @@ class AntiEntropy(BackfillParts):
             state.quiet += 1
         rounds, rest = divmod(state.quiet, self.config.heads_refresh)
         refresh = rest == 0 and rounds in _REFRESH_ROUNDS
+        full = refresh and rounds >= _FULL_FROM
         if rounds >= _REFRESH_ROUNDS[-1]:
             self._active.pop(topic, None)
         message = Heads(topic, tuple(heads))
+        covered = state.covered
         out: Out = []
         for peer in peers:
-            if refresh or state.sent.get(peer) != current:
-                state.sent[peer] = current
-                out.append(ev.Send(peer, message))
-                self._counts["heads_sent"] += 1
+            if not (refresh or state.sent.get(peer) != current):
+                continue
+            state.sent[peer] = current
+            if not full and all(peer in covered.get(head, ()) for head in heads):
+                self._counts["heads_skipped"] += 1  # it has them all, or was told
+                continue
+            out.append(ev.Send(peer, message))
+            self._counts["heads_sent"] += 1
         return out

@@ -164,6 +164,7 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
             "fetches": 0,
             "gaps_reported": 0,
             "heads_sent": 0,
+            "heads_skipped": 0,
             "heads_unknown": 0,
             "duplicates": 0,
             "rejected": 0,

@@ -77,11 +77,12 @@ class BackfillConfig:
     """When an idle topic's heads change, the tick comes this soon (its neighbours learn of
     a new head at once even if its publisher dies right after), then every interval."""
     heads_refresh: int = 1
-    """Heads are sent to a neighbour when they changed since it last had them; after this
-    many quiet ticks they go to every neighbour again, and again after 2, 4, 8, 16 and 32
-    times as many (a lost HEADS or event is caught up within a tick or two, and still if a
-    refresh is lost too); then the topic falls idle: nothing more is sent for it until its
-    heads change again."""
+    """Heads are sent to a neighbour when they changed since it last had them and name an
+    event it was neither sent nor told of; after this many quiet ticks they go again, and
+    again after 2, 4, 8, 16 and 32 times as many — from 4 on to every neighbour whatever
+    it was told (a lost HEADS or event is caught up, and still if a refresh is lost too);
+    then the topic falls idle: nothing more is sent for it until its heads change
+    again."""
     have_count: int = 8
     """How many of our newest heads a WANT carries, so the answer stops where we resume."""
     have_recent: int = 24
@@ -189,6 +190,10 @@ class TopicState:
     """Heads we could not get or found invalid -> not asked for again until then."""
     wants: dict[tuple[PeerId, CID], Gap] = field(default_factory=dict)
     sent: dict[PeerId, frozenset[CID]] = field(default_factory=dict)
+    covered: OrderedDict[CID, frozenset[PeerId]] = field(default_factory=OrderedDict)
+    """Recent events -> the neighbours that have them or were told of them (the sender,
+    the eager links it was forwarded to, the lazy links it was announced to): a HEADS
+    naming only such events tells that neighbour nothing."""
     quiet: int = 0
     """Heads ticks since the heads last changed (the topic is active until the refresh)."""
     last_heads: frozenset[CID] = frozenset()

@@ -519,12 +519,21 @@ class PulsarCore(Publishing, VersionAdoption):
         out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
-        for peer in self._eager(tree):
+        eager = self._eager(tree)
+        for peer in eager:
             if peer != sender:
                 out.append(ev.Send(peer, forward))
                 self.metrics["forwarded"] += 1
         out += self.lazy.accepted(tree.topic.cid, event.cid, hop, sender, now)
+        self._cover(tree, event.cid, eager, sender)
         return out
+
+    def _cover(self, tree: Tree, cid: CID, eager: list[PeerId], sender: PeerId | None) -> None:
+        """Who has ``cid`` now or was told of it: HEADS need not name it to them."""
+        told = set(eager) | self.lazy.lazy(tree.topic.cid)
+        if sender is not None:
+            told.add(sender)
+        self.backfill.cover(tree.topic.cid, cid, told)
 
     def _on_peer_down(self, down: ev.PeerDown | ev.SendFailed, now: float) -> Out:
         peer = down.peer

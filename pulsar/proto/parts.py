@@ -66,6 +66,10 @@ class CoreParts(ABC):
     def _eager(self, tree: Tree) -> list[PeerId]: ...
 
     @abstractmethod
+    def _cover(self, tree: Tree, cid: CID, eager: list[PeerId],
+               sender: PeerId | None) -> None: ...
+
+    @abstractmethod
     def _remember(self, tree: Tree, cid: CID) -> None: ...
 
     @abstractmethod

@@ -260,10 +260,12 @@ class Publishing(CoreParts):
         out += self.backfill.accepted(topic_cid, event, 0, None, now)
         self._match_request(tree, event, out)
         message = Event(topic_cid, event.block, 1)
-        for peer in self._eager(tree):
+        eager = self._eager(tree)
+        for peer in eager:
             out.append(ev.Send(peer, message))
             self.metrics["forwarded"] += 1
         out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
+        self._cover(tree, event.cid, eager, None)
         if not tree.topic.is_meta:
             out += self._arm_record(tree, self.config.record_delay, now)
         return out
