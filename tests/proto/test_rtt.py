@@ -21,6 +21,7 @@ from pulsar.proto.rtt import RttConfig, RttEstimate, RttTable
 from pulsar.proto.timers import GraftTimer, JoinTimeout
 from pulsar.sim import SimNetwork
 from tests.proto.test_backfill import PEER, TID, _chain, _core
+from tests.proto.test_core import StaticRouting
 
 
 def _peer(i: int) -> PeerId:
@@ -100,15 +101,6 @@ def _topic(author: Identity) -> TopicDescriptor:
     return TopicDescriptor.create(author, "t", meta=meta.cid)
 
 
-class _Routing:
-    def __init__(self, peers: list[PeerId]) -> None:
-        self.peers = peers
-
-    def closest_peers(self, key: bytes, count: int) -> list[PeerId]:
-        target = int.from_bytes(key, "big")
-        return sorted(self.peers, key=lambda p: int.from_bytes(p.kademlia_id(), "big") ^ target)
-
-
 def _pings(out: list[Any]) -> list[tuple[PeerId, int]]:
     return [(o.peer, o.message.nonce) for o in out
             if isinstance(o, ev.Send) and isinstance(o.message, Ping)]
@@ -119,7 +111,7 @@ def test_core_probes_a_peer_it_talks_to_and_its_join_wait_follows_the_sample() -
     topic = _topic(author)
     me = Identity.from_seed(b"\x09" * 32)
     parent = author.peer_id
-    core = PulsarCore(me, _Routing([parent]))
+    core = PulsarCore(me, StaticRouting([parent]))
     out = core.handle(ev.Subscribe(topic), 0.0)
     # The JOIN goes with a probe, and with the constant wait: nothing is measured yet.
     assert ev.Send(parent, Join(topic.cid, topic.block)) in out
@@ -196,7 +188,7 @@ def test_hop_count_optimisation_replaces_a_long_grafted_path_after_delivery() ->
 def test_a_duplicate_over_an_edge_we_do_not_hold_is_answered_with_leave_once() -> None:
     author = Identity.from_seed(b"\x01" * 32)
     topic = _topic(author)
-    core = PulsarCore(author, _Routing([]))
+    core = PulsarCore(author, StaticRouting([]))
     core.handle(ev.Subscribe(topic), 0.0)
     child, stale = _peer(20), _peer(21)
     core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.0)
