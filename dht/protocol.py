@@ -272,7 +272,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         try:
             datagram = encode_response(request.msg_id, result)
             self.transport.sendto(datagram, addr)
-            self.stats.bytes_sent += len(datagram)
+            self.stats.count_sent(request.name + "+answer", len(datagram))
         except Exception:  # pragma: no cover - an unpackable result would be our bug
             self.stats.handler_errors += 1
             log.exception("could not answer RPC %s from %s", request.name, addr)
@@ -355,7 +355,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         timer = loop.call_later(self.config.rpc_timeout, self._expire, msg_id)
         self._pending[msg_id] = _Pending(future, timer, address, name)
         self.transport.sendto(datagram, address)
-        self.stats.bytes_sent += len(datagram)
+        self.stats.count_sent(name, len(datagram))
         return future
 
     # -- outgoing RPCs (names as on the wire) --------------------------------------------

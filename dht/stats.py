@@ -3,7 +3,7 @@ future ``/metrics`` endpoint read to see that a defence actually fired."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 __all__ = ["DhtStats"]
 
@@ -53,5 +53,16 @@ class DhtStats:
     background_acks: int = 0
     """Acknowledgements that came after such a put had returned."""
 
+    sent_by_rpc: dict[str, int] = field(default_factory=dict)
+    """``bytes_sent`` split by RPC: requests under their name (``store``, ``find_node``
+    ...), answers under the request's name with ``+answer``. Not in :meth:`as_dict`,
+    which stays a flat map of counters."""
+
+    def count_sent(self, rpc: str, size: int) -> None:
+        self.bytes_sent += size
+        self.sent_by_rpc[rpc] = self.sent_by_rpc.get(rpc, 0) + size
+
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        counters = asdict(self)
+        del counters["sent_by_rpc"]
+        return counters

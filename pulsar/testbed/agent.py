@@ -191,7 +191,7 @@ class _Agent(CommandWorker):
         transport = node.transport.stats
         dht = node.dht.stats
         tracer.sample(transport.bytes_sent, transport.bytes_received, dht.bytes_sent,
-                      dht.bytes_received)
+                      dht.bytes_received, dht.sent_by_rpc)
 
     async def _sampler(self) -> None:
         ticks_per_sample = round(SAMPLE_EVERY / FLUSH_EVERY)

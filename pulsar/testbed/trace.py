@@ -39,7 +39,10 @@ by kind (absent fields are null):
                ``dht_sent_bytes`` / ``dht_recv_bytes`` (DHT datagram bytes so far), ``life``
                (0 for the first start, +1 per restart: counters restart from 0 with the
                process), ``sent_by_type`` (pub-sub frame bytes sent so far by message
-               type, e.g. ``{"event": ..., "heads": ..., "ihave": ...}``).
+               type, e.g. ``{"event": ..., "heads": ..., "ihave": ...}``),
+               ``dht_sent_by_rpc`` (DHT datagram bytes sent so far by RPC: requests by
+               name, answers as ``name+answer``, e.g. ``{"store": ..., "find_node+answer":
+               ...}``).
 =============  ================================================================================
 
 Copies of an event payload, for RMR, are the ``receive`` and ``duplicate`` records; every

@@ -67,6 +67,13 @@ async def test_blocks_go_to_the_replicas_closest_nodes_not_to_all_k(network: Net
         others = sorted(nodes[1:], key=lambda n: int.from_bytes(n.node_id, "big") ^ target)
         holders = {n.node_id for n in nodes[1:] if n.records.get(key) is not None}
         assert holders == {n.node_id for n in others[:3]}
+    # Every byte sent is counted once, under the RPC that sent it.
+    for node in nodes:
+        assert sum(node.stats.sent_by_rpc.values()) == node.stats.bytes_sent
+    sent = writer.stats.sent_by_rpc
+    assert any(rpc.startswith("store") for rpc in sent), sent
+    answered = set().union(*(n.stats.sent_by_rpc for n in nodes[1:]))
+    assert any(rpc.endswith("+answer") for rpc in answered), answered
 
 
 async def test_a_lone_node_stores_locally_and_reports_no_acks(network: Network) -> None:
