@@ -12,6 +12,7 @@ async def eventually(
     *,
     timeout: float = 5.0,
     interval: float = 0.02,
+    what: str = "condition",
 ) -> None:
     """Poll ``predicate`` (plain or async) until it holds; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -22,5 +23,5 @@ async def eventually(
         if result:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"{what} not met within {timeout} s")
         await asyncio.sleep(interval)

@@ -32,18 +32,6 @@ FAST = TransportConfig(
 )
 
 
-async def eventually(
-    condition: Callable[[], bool], timeout: float = TIMEOUT, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.002)
-
-
 class Endpoint:
     """A transport that records what it receives and which peers came and went."""
 

@@ -10,8 +10,9 @@ import pytest
 
 from dag import Identity
 from pulsar.net import FaultInjector, PeerUnreachable, TransportConfig
+from tests.waiting import eventually
 
-from .conftest import Endpoint, eventually, seq, seqs
+from .conftest import Endpoint, seq, seqs
 
 Make = Callable[..., Awaitable[Endpoint]]
 

@@ -13,8 +13,9 @@ import pytest
 
 from dag import Identity
 from pulsar.net import PeerUnreachable, TransportClosed, TransportConfig
+from tests.waiting import eventually
 
-from .conftest import FAST, Endpoint, RawPeer, eventually, seq, seqs
+from .conftest import FAST, Endpoint, RawPeer, seq, seqs
 
 Make = Callable[..., Awaitable[Endpoint]]
 Raw = Callable[..., Awaitable[RawPeer]]
