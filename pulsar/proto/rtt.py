@@ -75,6 +75,9 @@ class RttTable:
         self._probes: OrderedDict[int, tuple[PeerId, float]] = OrderedDict()
         self._probing: dict[PeerId, int] = {}
         self._next_nonce = 1
+        self._worst: float | None = None
+        """The longest RTO of any estimate, kept as samples come (they are rare: one per
+        neighbour per ``refresh``), not recomputed on every wait that needs it."""
 
     # ------------------------------------------------------------------ reading
 
@@ -93,9 +96,7 @@ class RttTable:
         known = [e.rto(self.config) for p in peers if (e := self._estimates.get(p)) is not None]
         if known:
             return max(known)
-        if not self._estimates:
-            return None
-        return max(e.rto(self.config) for e in self._estimates.values())
+        return self._worst
 
     def snapshot(self) -> dict[PeerId, tuple[float, float]]:
         """``peer -> (srtt, rto)`` in seconds, for status pages and metrics."""
@@ -146,6 +147,7 @@ class RttTable:
         else:
             estimate.update(rtt, now)
             self._estimates.move_to_end(peer)
+        self._worst = max(e.rto(self.config) for e in self._estimates.values())
 
     def forget(self, peer: PeerId) -> None:
         """A neighbour went down: its probe is void (its estimate is kept: the path to
