@@ -79,6 +79,10 @@ from .versions import TopicVersions
 
 __all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
 
+_STALE_TOLD = 64
+"""Peers remembered per tree as told LEAVE for a stale edge (a bound on what duplicates
+from many peers can make a node hold)."""
+
 _NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune})
 """Messages that do not make a peer one we depend on (answers and good-byes)."""
 
@@ -489,9 +493,11 @@ class PulsarCore(Publishing, VersionAdoption):
         last = told.get(peer)
         if last is not None and now - last < self.config.stale_edge_quiet:
             return []
-        if len(told) >= 64:
+        if len(told) >= _STALE_TOLD:
             for old in [p for p, t in told.items() if now - t >= self.config.stale_edge_quiet]:
                 del told[old]
+            if len(told) >= _STALE_TOLD:
+                return []  # that many stale edges at once: tell them when some quiet ends
         told[peer] = now
         self.metrics["stale_edges"] += 1
         return [ev.Send(peer, Leave(tree.topic.cid))]
