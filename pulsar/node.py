@@ -57,6 +57,10 @@ STOP_FLUSH_TIMEOUT = 3.0
 """How long ``stop()`` waits for the heads records it writes on the way out."""
 RESUME_BATCH = 25
 """Durable subscriptions rejoined per turn of the event loop after a restart."""
+OUTBOX_PER_TOPIC = 64
+"""Own published events kept per tree until delivered here. A tree this node only relays
+never delivers, so its outbox is a window of the newest: by the time 64 later publishes
+went out, HEADS ticks have long told the neighbours of the older ones."""
 
 
 class PublishError(RuntimeError):
@@ -124,11 +128,21 @@ class Node:
         self._timers: set[asyncio.TimerHandle] = set()
         self._pending_blocks: dict[CID, bytes] = {}
         self._pending_log: dict[CID, list[CID]] = {}
+        self._pending_kept: list[tuple[CID, CID]] = []
+        self._pending_acks: list[tuple[int, object]] = []
+        """Publishes (and new topics) done in the core but not acknowledged yet: their
+        futures are resolved by ``_flush`` once what they wrote is committed."""
+        self._outbox: dict[CID, dict[CID, None]] = {
+            topic: dict.fromkeys(events) for topic, events in store.outbox().items()
+        }
+        """This node's published events not delivered here yet, per tree, as in the store's
+        outbox (newest last, at most ``OUTBOX_PER_TOPIC`` per tree)."""
         self._flush_scheduled = False
         self._stopped = False
         self._to_resume: dict[CID, None] = {}
-        """Durable subscriptions not rejoined yet: a restart resumes them in batches in the
-        background (the API answers at once); a call that names one resumes it first."""
+        """Durable subscriptions (and trees with events in the outbox) not rejoined yet: a
+        restart resumes them in batches in the background (the API answers at once); a call
+        that names one resumes it first."""
         self._log_grew: dict[CID, asyncio.Event] = {}
         self.rejections = 0
         self.ignored_frames = 0
@@ -168,7 +182,7 @@ class Node:
                 if not contacts:
                     # The seeds may simply not be up yet: a node must not stay alone.
                     node._spawn(node._retry_bootstrap())
-            node._to_resume = dict.fromkeys(store.subscriptions())
+            node._to_resume = dict.fromkeys([*store.subscriptions(), *node._outbox])
             if node._to_resume:
                 node._spawn(node._resume_all())
             return node
@@ -525,6 +539,7 @@ class Node:
         since: float | None = None,
         versions: tuple[TopicDescriptor, ...] = (),
         heads: tuple[CID, ...] = (),
+        unannounced: tuple[CID, ...] = (),
     ) -> None:
         """Hand the core a ``Subscribe``: it joins the tree, and the meta topic's, itself.
         A durable subscription not resumed yet is resumed first (with its heads and
@@ -533,7 +548,7 @@ class Node:
         self.store.put_many([(topic.cid, topic.block)], pinned=True)
         self._apply(
             self.core.handle(
-                ev.Subscribe(topic, deliver, since, heads, versions), time.time()
+                ev.Subscribe(topic, deliver, since, heads, versions, unannounced), time.time()
             )
         )
 
@@ -552,7 +567,9 @@ class Node:
 
     async def _resume(self, topic_cid: CID) -> None:
         """Rejoin a durable subscription with what the store remembers: when it began, the
-        heads, and the latest topic version (so rights and LAST_SEEN survive a restart)."""
+        heads, the latest topic version (so rights and LAST_SEEN survive a restart) and our
+        own events that may not have reached anyone (the outbox). A tree we only published
+        in is rejoined as a relay, for the outbox alone."""
         try:
             topic = await self.get_topic(topic_cid)
         except TopicNotFound:
@@ -573,7 +590,12 @@ class Node:
         since = self.store.subscription_since(topic_cid)
         heads = tuple(self.store.heads(topic_cid))
         await self._join(
-            topic, deliver=True, since=since, versions=tuple(reversed(versions)), heads=heads
+            topic,
+            deliver=since is not None,
+            since=since,
+            versions=tuple(reversed(versions)),
+            heads=heads,
+            unannounced=tuple(self._outbox.get(topic_cid, ())),
         )
 
     async def _lineage(self, topic_cid: CID) -> tuple[TopicDescriptor, tuple[TopicDescriptor, ...]]:
@@ -713,12 +735,15 @@ class Node:
                     self._store_block(out.version.cid, out.version.block)
                     self._flush()
                     self.store.set_latest_version(out.topic, out.version.cid)
+                case ev.KeepPublished():
+                    self._pending_kept.append((out.topic, out.event))
+                    self._schedule_flush()
                 case ev.Published():
                     if self._trace is not None:
                         self._trace.published(out.event)
-                    self._resolve(out.request, out.event)
+                    self._acknowledge(out.request, out.event)
                 case ev.TopicReady():
-                    self._resolve(out.request, out.topic)
+                    self._acknowledge(out.request, out.topic)
                 case ev.CommandFailed():
                     future = self._waiting.get(out.request)
                     if future is not None and not future.done():
@@ -741,6 +766,12 @@ class Node:
                     )
                 case _:
                     assert_never(out)
+
+    def _acknowledge(self, request: int, value: object) -> None:
+        """Resolve ``request`` once this loop iteration's writes are committed (``_flush``):
+        a caller that saw its publish acknowledged can count on it after a crash."""
+        self._pending_acks.append((request, value))
+        self._schedule_flush()
 
     def _resolve(self, request: int, value: object) -> None:
         future = self._waiting.get(request)
@@ -791,9 +822,11 @@ class Node:
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        """Write the blocks and delivery-log entries of this loop iteration: one transaction
-        each instead of one per event (measured: ~165 us per single-event log append)."""
+        """Write the blocks, delivery-log entries and outbox rows of this loop iteration:
+        one transaction each instead of one per event (measured: ~165 us per single-event
+        log append). Then acknowledge the publishes whose writes these were."""
         self._flush_scheduled = False
+        logged: dict[CID, list[CID]] = {}
         if self._pending_blocks:
             items = list(self._pending_blocks.items())
             self._pending_blocks.clear()
@@ -802,7 +835,7 @@ class Node:
             except Exception:
                 log.exception("could not store %d blocks", len(items))
         if self._pending_log:
-            pending = self._pending_log
+            pending = logged = self._pending_log
             self._pending_log = {}
             now = time.time()
             for topic, cids in pending.items():
@@ -815,6 +848,52 @@ class Node:
                     self.store.set_heads(topic, self.core.heads(topic))
                 except Exception:
                     log.exception("could not log %d deliveries", len(cids))
+                else:
+                    self._outbox_delivered(topic, cids)
+        if self._pending_kept:
+            kept, self._pending_kept = self._pending_kept, []
+            try:
+                self._keep_published(kept, logged)
+            except Exception:
+                log.exception("could not keep %d published events", len(kept))
+        if self._pending_acks:
+            acks, self._pending_acks = self._pending_acks, []
+            for request, value in acks:
+                self._resolve(request, value)
+
+    def _keep_published(
+        self, kept: list[tuple[CID, CID]], logged: dict[CID, list[CID]]
+    ) -> None:
+        """Put our new published events in the outbox, except those this very flush logged
+        (delivered here: the log and heads name them now); at most ``OUTBOX_PER_TOPIC``
+        per tree, the oldest giving way."""
+        rows: list[tuple[CID, CID]] = []
+        dropped: dict[CID, list[CID]] = {}
+        for topic, event in kept:
+            if event in logged.get(topic, ()):
+                continue
+            box = self._outbox.setdefault(topic, {})
+            box[event] = None
+            rows.append((topic, event))
+            while len(box) > OUTBOX_PER_TOPIC:
+                oldest = next(iter(box))
+                del box[oldest]
+                dropped.setdefault(topic, []).append(oldest)
+        self.store.outbox_add(rows, time.time())
+        for topic, events in dropped.items():
+            self.store.outbox_remove(topic, events)
+
+    def _outbox_delivered(self, topic: CID, cids: list[CID]) -> None:
+        box = self._outbox.get(topic)
+        if not box:
+            return
+        done = [c for c in cids if c in box]
+        if done:
+            for cid in done:
+                del box[cid]
+            if not box:
+                del self._outbox[topic]
+            self.store.outbox_remove(topic, done)
 
     def _set_timer(self, delay: float, timer: Timer) -> None:
         def fire() -> None:

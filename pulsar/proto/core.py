@@ -308,8 +308,16 @@ class PulsarCore(Publishing, VersionAdoption):
             )
             out += self.lazy.start(topic.cid, now)
             out += self.router.join(tree, now)
-        if cmd.heads and tree.last_seen is None:
-            tree.last_seen = self._newest(cmd.heads)
+        if cmd.unannounced:
+            # Our own events a crash may have kept from everyone: the store has their
+            # blocks, so they are delivered (after what they link to), become heads that
+            # HEADS tells the neighbours, and go into a fresh heads record.
+            out += self.backfill.learn_heads(topic.cid, cmd.unannounced, None, now)
+            if not topic.is_meta:
+                out += self._arm_record(tree, self.config.record_delay, now)
+        known = cmd.heads + cmd.unannounced
+        if known and tree.last_seen is None:
+            tree.last_seen = self._newest(known)
         if topic.author == self.me or topic.is_meta:
             tree.synced = True  # the author is where versions come from
         elif cmd.deliver and (cmd.since == 0.0 or not cmd.heads):

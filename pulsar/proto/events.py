@@ -40,6 +40,7 @@ __all__ = [
     "Flush",
     "GapReported",
     "InEvent",
+    "KeepPublished",
     "Message",
     "OutEvent",
     "PeerDown",
@@ -145,13 +146,17 @@ class Subscribe:
     not backfilled, and ``replay=True`` semantics are ``since=0``. ``heads`` are the heads
     the durable store remembers and ``versions`` the later topic versions it knows (oldest
     first), so a restarted node backfills only what it missed, judges events by the
-    latest rules and links its next event to what it saw last."""
+    latest rules and links its next event to what it saw last. ``unannounced`` are this
+    node's own published events it has not delivered yet (see ``KeepPublished``): it
+    learns them as heads (its store has the blocks), delivers them and tells its
+    neighbours, and writes its heads record again."""
 
     topic: TopicDescriptor
     deliver: bool = True
     since: float | None = None
     heads: tuple[CID, ...] = ()
     versions: tuple[TopicDescriptor, ...] = ()
+    unannounced: tuple[CID, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +305,18 @@ class VersionAdopted:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepPublished:
+    """This node published ``event`` on the tree ``topic``: the driver keeps it durably
+    (before it lets anyone see the publish acknowledged) until it delivers the event itself,
+    and passes what it kept back in ``Subscribe.unannounced`` after a restart. Without it a
+    publisher killed after the DHT quorum but before its one tree copy arrived (or any
+    HEADS or IHAVE named the event) would lose an acknowledged event."""
+
+    topic: CID
+    event: CID
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     request: int
     event: EventDescriptor
@@ -358,6 +375,7 @@ OutEvent = (
     | StoreRecord
     | FetchRecords
     | VersionAdopted
+    | KeepPublished
     | Published
     | TopicReady
     | CommandFailed

@@ -268,6 +268,7 @@ class Publishing(CoreParts):
         self._cover(tree, event.cid, eager, None)
         if not tree.topic.is_meta:
             out += self._arm_record(tree, self.config.record_delay, now)
+        out.append(ev.KeepPublished(topic_cid, event.cid))
         return out
 
     def _arm_record(self, tree: Tree, delay: float, now: float) -> Out:

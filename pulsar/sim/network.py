@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
@@ -41,6 +41,11 @@ class SimNode:
     """What the node's durable store would remember: topic -> (first version, since)."""
     log: set[tuple[CID, CID]] = field(default_factory=set)
     """(topic, event) delivered: the durable delivery log a restarted core asks."""
+    outbox: dict[CID, dict[CID, None]] = field(default_factory=dict)
+    """Own published events not delivered here yet, per tree (``KeepPublished``)."""
+    relays: dict[CID, TopicDescriptor] = field(default_factory=dict)
+    """Trees the node is in without subscribing (it published there): a restart rejoins
+    those with an outbox, as ``Node`` does."""
     alive: bool = True
 
     def in_log(self, topic: CID, cid: CID) -> bool:
@@ -113,6 +118,8 @@ class SimNetwork:
         self.records: dict[bytes, HeadsRecord] = {}
         self.messages_sent = 0
         self.bytes_sent = 0
+        self.drop: Callable[[PeerId, PeerId, Any], bool] | None = None
+        """A fault to inject: ``drop(sender, receiver, message)`` true loses the message."""
         identities = [Identity.from_seed(self.rng.randbytes(32)) for _ in range(n)]
         ids = [i.peer_id for i in identities]
         self.nodes: dict[PeerId, SimNode] = {}
@@ -181,6 +188,12 @@ class SimNetwork:
         self.input(node.peer_id, ev.Publish(topic, payload, parent, self._request))
         return self._request
 
+    def relay(self, node: SimNode, topic: TopicDescriptor) -> None:
+        """Join ``topic``'s tree without subscribing, as ``Node.publish`` does for a topic
+        the node does not follow."""
+        node.relays[topic.cid] = topic
+        self.input(node.peer_id, ev.Subscribe(topic, False))
+
     def subscribe(self, node: SimNode, topic: TopicDescriptor, since: float | None = None) -> None:
         """Subscribe durably (a restart resumes it, as the node's store would)."""
         node.subscriptions[topic.cid] = (topic, self.now if since is None else since)
@@ -209,6 +222,10 @@ class SimNetwork:
         for other in self.nodes.values():
             if other is not node and isinstance(other.core.routing, _KnownPeers):
                 other.core.routing.add(node.peer_id)
+        for cid, topic in node.relays.items():
+            if cid in node.outbox and cid not in node.subscriptions:
+                self.input(node.peer_id, ev.Subscribe(topic, False, None, (), (),
+                                                      tuple(node.outbox[cid])))
         for cid, (topic, since) in node.subscriptions.items():
             versions: list[TopicDescriptor] = []
             cursor = node.latest.get(cid)
@@ -218,7 +235,8 @@ class SimNetwork:
                 cursor = version.parent
             self.input(
                 node.peer_id,
-                ev.Subscribe(topic, True, since, heads[cid], tuple(reversed(versions))),
+                ev.Subscribe(topic, True, since, heads[cid], tuple(reversed(versions)),
+                             tuple(node.outbox.get(cid, ()))),
             )
 
     def crash(self, node: SimNode) -> None:
@@ -247,6 +265,7 @@ class SimNetwork:
                     node.delivered.setdefault(out.topic, []).append(out.event)
                     node.log.add((out.topic, out.event.cid))
                     node.hops.append(out.hop)
+                    node.outbox.get(out.topic, {}).pop(out.event.cid, None)
                 case ev.StoreLocal():
                     node.store[out.cid] = out.block
                 case ev.StoreDht():
@@ -274,6 +293,9 @@ class SimNetwork:
                 case ev.VersionAdopted():
                     node.store[out.version.cid] = out.version.block
                     node.latest[out.topic] = out.version.cid
+                case ev.KeepPublished():
+                    if (out.topic, out.event) not in node.log:
+                        node.outbox.setdefault(out.topic, {})[out.event] = None
                 case ev.Published():
                     node.published[out.request] = out.event
                 case ev.TopicReady():
@@ -298,6 +320,8 @@ class SimNetwork:
             self.input(node.peer_id, ev.SendFailed(out.peer), self.latency * 2)
             return
         if self.loss and self.rng.random() < self.loss:
+            return
+        if self.drop is not None and self.drop(node.peer_id, out.peer, out.message):
             return
         delay = self.latency + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0)
         message = decode_message(frame)

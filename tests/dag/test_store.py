@@ -335,6 +335,34 @@ def test_set_heads_replaces_atomically(db: Path) -> None:
         assert store.heads(t) == [] and store.heads(other) == new
 
 
+def test_outbox_survives_a_reopen_and_forgets_what_is_removed(db: Path) -> None:
+    t, other = topic(1), topic(2)
+    events = [block(i)[0] for i in range(4)]
+    with BlockStore(db) as store:
+        assert store.outbox() == {}
+        store.outbox_add([(t, events[0]), (other, events[1])], now=1.0)
+        store.outbox_add([(t, events[2]), (t, events[0])], now=2.0)  # a repeat is ignored
+    with BlockStore(db) as store:
+        assert store.outbox() == {t: [events[0], events[2]], other: [events[1]]}
+        store.outbox_remove(t, [events[0], events[3]])
+        store.outbox_remove(other, [events[1]])
+        assert store.outbox() == {t: [events[2]]}
+
+
+def test_a_schema_2_database_gains_the_outbox(db: Path) -> None:
+    with BlockStore(db) as store:
+        store.set_heads(topic(1), [block(1)[0]])
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("DROP TABLE outbox")
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    with BlockStore(db) as store:
+        assert store.heads(topic(1)) == [block(1)[0]]
+        store.outbox_add([(topic(1), block(2)[0])], now=1.0)
+        assert store.outbox() == {topic(1): [block(2)[0]]}
+    assert sql(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+
+
 # -- delivery log ---------------------------------------------------------------------------
 
 

@@ -4,7 +4,9 @@ soundness review found; each failed on the code before the typed core."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import sqlite3
 
 import pytest
 
@@ -151,3 +153,26 @@ async def test_stop_releases_the_port_at_once(network: Network) -> None:
     again = await Node.start(NodeConfig(data_dir=network.root / "again", port=port))
     network.nodes[0] = again
     assert again.address[1] == port
+
+
+async def test_a_publish_is_acknowledged_only_once_the_outbox_row_is_committed(
+    network: Network,
+) -> None:
+    author, publisher, reader = await network.start(3)
+    topic = await author.create_topic("outbox")
+    sub = await reader.subscribe(topic.cid)
+    event = await publisher.publish(topic.cid, b"relayed, never delivered here")
+    # Read by another connection at once: committed before publish() returned.
+    with contextlib.closing(sqlite3.connect(publisher.store.path)) as conn:
+        rows = conn.execute("SELECT topic, event FROM outbox").fetchall()
+    assert [(bytes(t), bytes(e)) for t, e in rows] == [(topic.cid.raw, event.cid.raw)]
+    (got,) = await collect(sub, 1)
+    assert got.cid == event.cid
+    # The restarted publisher rejoins the tree it only published in, for its outbox.
+    publisher = await network.restart(publisher)
+    await eventually(lambda: publisher.core.tree(topic.cid) is not None, timeout=10)
+    assert publisher.store.subscriptions() == []
+    # A subscribed publisher delivers its event at once: nothing to keep.
+    own = await reader.publish(topic.cid, b"delivered here")
+    assert own.cid in {e.cid for e in await collect(sub, 1)}
+    assert reader.store.outbox() == {}

@@ -146,7 +146,9 @@ def test_publish_stores_in_the_dht_before_forwarding() -> None:
     # The heads record's debounce, the node's heads tick (the topic's heads changed) and
     # its shuffle tick (the topic carries events and lacks lazy links).
     timers = {type(o.timer) for o in out[3:] if isinstance(o, ev.SetTimer)}
-    assert timers == {RecordTimer, HeadsTick, ShuffleTimer} and len(out) == 6
+    assert timers == {RecordTimer, HeadsTick, ShuffleTimer} and len(out) == 7
+    # Kept (durably, before the publish is acknowledged) until delivered here.
+    assert ev.KeepPublished(topic.cid, stored.cid) in out
     assert ev.SetTimer(0.5, RecordTimer(topic.cid, 1.6)) in out  # the heads record follows
     send = out[2]
     assert send.peer == child and send.message == Event(topic.cid, stored.block, 1)

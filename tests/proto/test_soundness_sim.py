@@ -106,3 +106,66 @@ def _vouched(version: TopicDescriptor, node: SimNode) -> set[CID]:
         if parent is not None:
             stack.append(parent)
     return vouched
+
+
+def _publish_then_crash(net: SimNetwork, node: SimNode, topic: CID, payload: bytes) -> CID:
+    """Publish with every message ``node`` sends lost, and kill it the moment the publish
+    is acknowledged: nobody has heard of the event, only the DHT quorum holds it."""
+    net.drop = lambda sender, receiver, message: sender == node.peer_id
+    request = net.publish(node, topic, payload)
+    while request not in node.published:
+        assert request not in node.failed
+        net.run(until=net.now + 0.001)
+    net.crash(node)
+    net.drop = None
+    return node.published[request].cid
+
+
+def _acknowledged_event_survives_a_crash(publisher_is: str, keep: bool) -> bool:
+    """``publisher_is``: ``relay`` (in the tree only to publish), ``subscriber``, or
+    ``behind`` (a subscriber still fetching a missing event, so its own event, which links
+    to what it saw last, waits undelivered behind that gap, as after a partition)."""
+    net = SimNetwork(20, bucket_size=2, seed=11, config=CoreConfig(join_timeout=1.0))
+    author, publisher = net.node(0), net.node(1)
+    subscribers = [net.node(i) for i in range(2, 20)]
+    request = net.command(author, lambda r: ev.CreateTopic(r, "outbox"))
+    net.settle(5)
+    topic = author.topics[request]
+    for node in subscribers:
+        net.subscribe(node, topic, since=0.0)
+    if publisher_is == "relay":
+        net.relay(publisher, topic)
+    else:
+        net.subscribe(publisher, topic, since=0.0)
+    net.settle(10)
+    net.publish(author, topic.cid, b"before")
+    net.settle(5)
+    if publisher_is == "behind":
+        # It misses "gap" entirely, then hears "after gap" (whose parent it lacks) and
+        # nothing that would repair the gap.
+        net.drop = lambda sender, receiver, message: receiver == publisher.peer_id
+        net.publish(author, topic.cid, b"gap")
+        net.settle(0.5)
+        net.drop = lambda sender, receiver, message: (
+            receiver == publisher.peer_id and not isinstance(message, Event))
+        net.publish(author, topic.cid, b"after gap")
+        net.settle(0.2)
+        assert publisher.core.backfill.held(topic.cid) == 1
+    lost = _publish_then_crash(net, publisher, topic.cid, b"acknowledged, then killed")
+    if not keep:  # what a node without the outbox would remember
+        publisher.outbox.clear()
+    net.settle(2)
+    net.restart(publisher)
+    net.settle(30)
+    return all(lost in {e.cid for e in n.delivered.get(topic.cid, [])} for n in subscribers)
+
+
+def test_an_acknowledged_event_reaches_everyone_after_its_publisher_is_killed() -> None:
+    # A relay publisher never delivers its own event, and one still behind a gap has not
+    # yet: only the outbox names the event after the crash. Without it (the controls) the
+    # event is lost to every subscriber.
+    for publisher_is in ("relay", "behind"):
+        assert _acknowledged_event_survives_a_crash(publisher_is, keep=True), publisher_is
+        assert not _acknowledged_event_survives_a_crash(publisher_is, keep=False), publisher_is
+    # A subscriber that delivered its event at once: its durable log and heads name it.
+    assert _acknowledged_event_survives_a_crash("subscriber", keep=True)
