@@ -78,11 +78,11 @@ class BackfillConfig:
     a new head at once even if its publisher dies right after), then every interval."""
     heads_refresh: int = 1
     """Heads are sent to a neighbour when they changed since it last had them and name an
-    event it was neither sent nor told of; after this many quiet ticks they go again, and
-    again after 2, 4, 8, 16 and 32 times as many — from 4 on to every neighbour whatever
-    it was told (a lost HEADS or event is caught up, and still if a refresh is lost too);
-    then the topic falls idle: nothing more is sent for it until its heads change
-    again."""
+    event it was neither sent nor told of; after this many quiet ticks they go again to
+    every neighbour whatever it was told, and again after 2, 4, 8, 16 and 32 times as many
+    (a lost HEADS or event is caught up, and still if a refresh is lost too); then the
+    topic falls idle: nothing more is sent for it until its heads change again. A topic
+    whose heads keep changing sends them to everyone every 16th tick."""
     have_count: int = 8
     """How many of our newest heads a WANT carries, so the answer stops where we resume."""
     have_recent: int = 24
@@ -196,6 +196,9 @@ class TopicState:
     naming only such events tells that neighbour nothing."""
     quiet: int = 0
     """Heads ticks since the heads last changed (the topic is active until the refresh)."""
+    ticks: int = 0
+    """Heads ticks on which the heads had changed: every ``_FULL_EVERY`` th goes to every
+    neighbour."""
     last_heads: frozenset[CID] = frozenset()
 
 

@@ -749,25 +749,45 @@ def test_blocks_total_size_is_bounded() -> None:
 
 def test_heads_skip_neighbours_that_were_sent_or_told_every_head() -> None:
     """What was forwarded to a neighbour or announced to it is not named to it again in
-    HEADS; what it was not told of is, and from the fourth refresh round on everyone
-    gets the heads whatever it was told (a copy lost on a live connection)."""
+    HEADS when the heads change; what it was not told of is. Every refresh round of a
+    quiet topic goes to everyone whatever it was told (a copy lost on a live connection,
+    or dropped by a partition, is caught up as soon as the topic is quiet)."""
     e0, e1 = _chain(2)
     core = _core(neighbours=lambda topic: [PEER, PEER2])
     core.accepted(TID, e0, 1, PEER, 0.0)
     core.cover(TID, e0.cid, {PEER, PEER2})  # came from PEER, forwarded to PEER2
 
     def heads_sent(now: float) -> list[PeerId]:
-        return [o.peer for o in core.tick(TID, [PEER, PEER2], now)
-                if isinstance(o, ev.Send) and isinstance(o.message, Heads)]
+        return sorted((o.peer for o in core.tick(TID, [PEER, PEER2], now)
+                       if isinstance(o, ev.Send) and isinstance(o.message, Heads)), key=bytes)
 
+    both = sorted([PEER, PEER2], key=bytes)
     assert heads_sent(2.0) == []  # both have e0: nothing to tell
     assert core.metrics["heads_skipped"] == 2
     # e1 came by repair and went nowhere: both are told.
     core.accepted(TID, e1, REPAIR_HOP, None, 3.0)
     core.cover(TID, e1.cid, {PEER})  # PEER was told; PEER2 was not
     assert heads_sent(4.0) == [PEER2]
-    # Refresh rounds 1 and 2 (a lost HEADS): again to PEER2 only; PEER was told.
-    assert heads_sent(6.0) == [PEER2]
-    assert heads_sent(8.0) == [PEER2]
+    # Refresh rounds 1 and 2: to everyone, PEER too (its copy may have been lost).
+    assert heads_sent(6.0) == both
+    assert heads_sent(8.0) == both
     assert heads_sent(10.0) == []  # quiet tick 3: no refresh round
-    assert sorted(heads_sent(12.0), key=bytes) == sorted([PEER, PEER2], key=bytes)  # 4
+    assert heads_sent(12.0) == both  # 4
+
+
+def test_heads_that_change_every_tick_still_reach_everyone_now_and_then() -> None:
+    """Under steady traffic a topic is never quiet; every 16th changing tick its heads
+    go to every neighbour anyway, so a copy lost to a neighbour that was sent it is
+    caught up without waiting for the traffic to stop."""
+    events = _chain(40)
+    core = _core(neighbours=lambda topic: [PEER, PEER2])
+    full_ticks = []
+    for i, event in enumerate(events):
+        core.accepted(TID, event, 1, PEER, float(i))
+        core.cover(TID, event.cid, {PEER, PEER2})
+        sent = [o for o in core.tick(TID, [PEER, PEER2], i + 0.5)
+                if isinstance(o, ev.Send) and isinstance(o.message, Heads)]
+        if sent:
+            assert len(sent) == 2
+            full_ticks.append(i + 1)
+    assert full_ticks == [16, 32]
