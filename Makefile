@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench evaluation clean
+.PHONY: test run lint bench evaluation sim-evaluation clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,27 @@ SCENARIOS := baseline latency churn order
 evaluation: $(STAMP)
 	for s in $(SCENARIOS); do $(VENV)/bin/pulsarcast testbed run scenarios/$$s.toml --out runs/$$s || exit 1; done
 	$(VENV)/bin/pulsarcast report $(addprefix runs/,$(SCENARIOS)) --out docs/evaluation-report
+
+# The simulator at 100, 1,000 and 10,000 nodes (docs/simulator.md, docs/evaluation.md):
+# one JSON line per run in docs/sim/results.jsonl, and the scaling plot. About 45 minutes
+# on 2 cores. Floodsub sends every event to every subscribed peer it knows (~100-300 per
+# node), so it runs fewer events at 1,000 and 10,000 nodes: its figures are per event.
+SIM := $(VENV)/bin/pulsarcast sim -q
+SIM_OUT := docs/sim/results.jsonl
+sim-evaluation: $(STAMP)
+	mkdir -p docs/sim && : > $(SIM_OUT)
+	for n in 100 1000 10000; do \
+	  $(SIM) --nodes $$n --scenario single >> $(SIM_OUT) || exit 1; \
+	  $(SIM) --nodes $$n --scenario random >> $(SIM_OUT) || exit 1; \
+	  $(SIM) --nodes $$n --scenario churn --loss 0.1 >> $(SIM_OUT) || exit 1; \
+	done
+	for n in 100 1000; do $(SIM) --nodes $$n --scenario all --events 1 >> $(SIM_OUT) || exit 1; done
+	for s in partition offline-author late-subscriber; do \
+	  $(SIM) --nodes 1000 --scenario $$s --loss 0.1 >> $(SIM_OUT) || exit 1; done
+	$(SIM) --nodes 100 --scenario single --protocol floodsub >> $(SIM_OUT)
+	$(SIM) --nodes 1000 --scenario single --protocol floodsub --events 10 >> $(SIM_OUT)
+	$(SIM) --nodes 10000 --scenario single --protocol floodsub --events 2 >> $(SIM_OUT)
+	$(PY) -m pulsar.sim.plot $(SIM_OUT) docs/sim/scaling-single.png --scenario single
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

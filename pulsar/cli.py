@@ -582,6 +582,77 @@ def _add_report(sub: Any) -> None:
     report.set_defaults(handler=_report)
 
 
+def _range_ms(text: str) -> tuple[float, float]:
+    try:
+        lo_text, _, hi_text = text.partition("-")
+        lo = float(lo_text)
+        hi = float(hi_text) if hi_text else lo
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO-HI in milliseconds") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= LO <= HI")
+    return lo, hi
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from .sim.scenarios import SimOptions, run_sim
+
+    try:
+        options = SimOptions(
+            nodes=args.nodes, scenario=args.scenario, protocol=args.protocol, seed=args.seed,
+            topics=args.topics, events=args.events, latency_ms=args.latency_ms,
+            loss=args.loss, churn=args.churn, restart=not args.no_restart,
+            partition=args.partition, late=args.late, interval=args.interval,
+            bucket_size=args.bucket_size, replicas=args.replicas,
+            settle_max=args.settle_max, progress=not args.quiet,
+        )
+    except ValueError as exc:
+        print(f"pulsarcast sim: {exc}", file=sys.stderr)
+        return 2
+    _print_json(run_sim(options))
+    return 0
+
+
+def _add_sim(sub: Any) -> None:
+    from .sim.scenarios import SCENARIOS
+
+    sim = sub.add_parser(
+        "sim", help="simulate a network of protocol cores (up to 10,000s of nodes) and print "
+        "one JSON line of figures")
+    sim.add_argument("--nodes", type=int, default=100, help="network size (default 100)")
+    sim.add_argument("--scenario", choices=SCENARIOS, default="single",
+                     help="who publishes and what goes wrong (default single)")
+    sim.add_argument("--protocol", choices=["pulsarcast", "floodsub"], default="pulsarcast")
+    sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument("--topics", type=int, default=1)
+    sim.add_argument("--events", type=int, default=100,
+                     help="rounds of publishing; one event each (all: one per node)")
+    sim.add_argument("--interval", type=float, default=0.1,
+                     help="simulated seconds between rounds (default 0.1)")
+    sim.add_argument("--latency-ms", type=_range_ms, default=(10.0, 100.0), metavar="LO-HI",
+                     help="one-way link latency, fixed per link, uniform in LO-HI ms "
+                     "(default 10-100)")
+    sim.add_argument("--loss", type=float, default=0.0,
+                     help="share of messages lost while publishing (default 0)")
+    sim.add_argument("--churn", type=float, default=0.0,
+                     help="share of nodes that crash while publishing (churn: 0.3)")
+    sim.add_argument("--no-restart", action="store_true",
+                     help="crashed nodes stay down (default: back after 1-5 s)")
+    sim.add_argument("--partition", type=float, default=0.0,
+                     help="share of nodes cut off for part of the run (partition: 0.2)")
+    sim.add_argument("--late", type=float, default=0.0,
+                     help="share of nodes that subscribe after publishing "
+                     "(late-subscriber: 0.1)")
+    sim.add_argument("--bucket-size", type=int, default=20,
+                     help="Kademlia k: peers per routing-table bucket (default 20)")
+    sim.add_argument("--replicas", type=int, default=8,
+                     help="DHT replicas per value (default 8, as the node)")
+    sim.add_argument("--settle-max", type=float, default=120.0,
+                     help="simulated seconds to wait after publishing (default 120)")
+    sim.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    sim.set_defaults(handler=_sim)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pulsarcast",
@@ -594,6 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_api_commands(sub)
     _add_testbed(sub)
     _add_report(sub)
+    _add_sim(sub)
     return parser
 
 

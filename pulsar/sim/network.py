@@ -1,33 +1,51 @@
 """A simulated network of protocol cores: a heap of ``(time, seq, node, input)``.
 
 The simulator owns what the asyncio runtime owns in real life — message delivery with
-latency and loss, timers, the DHT (one shared dictionary), each node's block store — and
-nothing else: every decision is made by the protocol core under test. A seeded random
-source makes every run reproducible.
+latency and loss, timers, the DHT, each node's block store and delivery log — and nothing
+else: every decision is made by the protocol core under test (:class:`PulsarCore`, or
+:class:`FloodCore` for the baseline), the very objects ``pulsar.Node`` drives. A seeded
+random source makes every run reproducible, and each core gets its own seeded source so
+their timers do not run in lock-step.
+
+Modelled: a latency per link (fixed for the link, drawn uniformly from a range, plus an
+optional jitter per message), loss, silent partitions, crashes (peers that talk to or know
+the node see it go; routing tables replace it from the same bucket) and restarts from the
+node's durable state, Kademlia routing tables (:mod:`pulsar.sim.routing`) and a DHT whose
+values live on the k closest live nodes (:mod:`pulsar.sim.dht`). Every message is
+encoded and decoded with the wire codec, so its size is the real one.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
-from dag.records import HeadsRecord, heads_record_key
+from dag.records import heads_record_key
 
 from ..proto import events as ev
 from ..proto.core import CoreConfig, PulsarCore
+from ..proto.floodsub import FloodCore
 from ..proto.messages import decode_message, encode_message
+from ..proto.repair_messages import Blocks
+from .dht import SimDht
+from .routing import IdSpace, KnownPeers, node_id
 
 __all__ = ["SimNetwork", "SimNode"]
+
+Protocol = Literal["pulsarcast", "floodsub"]
+_GOLDEN = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass
 class SimNode:
     identity: Identity
-    core: PulsarCore
+    core: PulsarCore | FloodCore
     store: dict[CID, bytes] = field(default_factory=dict)
     delivered: dict[CID, list[EventDescriptor]] = field(default_factory=dict)
     hops: list[int] = field(default_factory=list)
@@ -47,6 +65,7 @@ class SimNode:
     """Trees the node is in without subscribing (it published there): a restart rejoins
     those with an outbox, as ``Node`` does."""
     alive: bool = True
+    lives: int = 1
 
     def in_log(self, topic: CID, cid: CID) -> bool:
         return (topic, cid) in self.log
@@ -56,47 +75,28 @@ class SimNode:
         return self.identity.peer_id
 
 
-class _KnownPeers:
-    """A routing table: the peers this node knows, sorted by XOR distance on demand."""
+@dataclass
+class SimStats:
+    """What the network saw, for :mod:`pulsar.sim.metrics`."""
 
-    def __init__(self, peers: Iterable[PeerId]) -> None:
-        self.peers = list(peers)
-        self._ids = {p: int.from_bytes(p.kademlia_id(), "big") for p in self.peers}
-
-    def closest_peers(self, key: bytes, count: int) -> Sequence[PeerId]:
-        target = int.from_bytes(key, "big")
-        return sorted(self.peers, key=lambda p: self._ids[p] ^ target)[:count]
-
-    def add(self, peer: PeerId) -> None:
-        """A node (back) online is learned again, as a bucket refresh would."""
-        if peer not in self._ids:
-            self.peers.append(peer)
-            self._ids[peer] = int.from_bytes(peer.kademlia_id(), "big")
-
-    def replace(self, dead: PeerId, me: PeerId, alive: list[PeerId], rng: random.Random) -> None:
-        if dead not in self._ids:
-            return
-        self.peers.remove(dead)
-        mine = int.from_bytes(me.kademlia_id(), "big")
-        bucket = (mine ^ self._ids.pop(dead)).bit_length()
-        spare = [
-            p
-            for p in alive
-            if p != me
-            and p not in self._ids
-            and (mine ^ int.from_bytes(p.kademlia_id(), "big")).bit_length() == bucket
-        ]
-        if spare:
-            chosen = rng.choice(spare)
-            self.peers.append(chosen)
-            self._ids[chosen] = int.from_bytes(chosen.kademlia_id(), "big")
+    messages: Counter[str] = field(default_factory=Counter)
+    bytes: Counter[str] = field(default_factory=Counter)
+    copies: int = 0
+    """Payload copies that reached a node: events down a link, blocks of a backfill
+    answer, blocks fetched from the DHT (as the testbed's RMR counts them)."""
+    published_at: dict[CID, float] = field(default_factory=dict)
+    delivered_pairs: int = 0
+    latencies: list[float] = field(default_factory=list)
+    max_hop: int = 0
+    measure: bool = True
+    """Record delivery latencies (off while late subscribers replay old events)."""
 
 
 class SimNetwork:
-    """``n`` nodes. With ``bucket_size=None`` every node knows every other; otherwise each
-    node knows at most ``bucket_size`` random peers per Kademlia bucket (per length of the
-    prefix shared with its own id), as a Kademlia routing table would: enough for greedy
-    routing to reach the node closest to any key, and trees deeper than a star."""
+    """``n`` nodes. With ``bucket_size=None`` every node knows every other (small test
+    networks); otherwise each knows at most ``bucket_size`` random peers per Kademlia
+    bucket, as a Kademlia routing table would: enough for greedy routing to reach the node
+    closest to any key, and trees deeper than a star."""
 
     def __init__(
         self,
@@ -108,58 +108,99 @@ class SimNetwork:
         loss: float = 0.0,
         bucket_size: int | None = None,
         config: CoreConfig | None = None,
+        protocol: Protocol = "pulsarcast",
+        latency_range: tuple[float, float] | None = None,
+        replicas: int = 8,
     ) -> None:
         self.rng = random.Random(seed)
         self.latency, self.jitter, self.loss = latency, jitter, loss
+        self.latency_range = latency_range
+        self._salt = self.rng.getrandbits(64)
+        self.protocol: Protocol = protocol
         self.now = 0.0
         self._queue: list[tuple[float, int, PeerId, Any]] = []
         self._seq = 0
-        self.dht: dict[CID, bytes] = {}
-        self.records: dict[bytes, HeadsRecord] = {}
         self.messages_sent = 0
         self.bytes_sent = 0
+        self.stats = SimStats()
         self.drop: Callable[[PeerId, PeerId, Any], bool] | None = None
         """A fault to inject: ``drop(sender, receiver, message)`` true loses the message."""
-        identities = [Identity.from_seed(self.rng.randbytes(32)) for _ in range(n)]
-        ids = [i.peer_id for i in identities]
-        self.nodes: dict[PeerId, SimNode] = {}
-        for identity in identities:
-            others = [p for p in ids if p != identity.peer_id]
-            if bucket_size is not None:
-                others = self._buckets(identity.peer_id, others, bucket_size)
-            store: dict[CID, bytes] = {}
-            core = PulsarCore(
-                identity,
-                _KnownPeers(others),
-                config,
-                random.Random(self.rng.getrandbits(64)),
-                lookup=store.get,
-                is_delivered=self._delivered_check(store),
-            )
-            self.nodes[identity.peer_id] = SimNode(identity, core, store)
+        self.group: dict[PeerId, int] = {}
+        """Partition groups: nodes in different groups cannot reach each other."""
         self._config = config
         self._request = 0
+        identities = [Identity.from_seed(self.rng.randbytes(32)) for _ in range(n)]
+        ids = [i.peer_id for i in identities]
+        self.space = IdSpace(ids)
+        self.dht = SimDht(self.space, replicas)
+        self._events: dict[CID, EventDescriptor] = {}
+        self._blocks: dict[CID, bytes] = {}
+        self.known_by: dict[PeerId, set[PeerId]] = {p: set() for p in ids}
+        """Whose routing table holds each node: who replaces it when it goes."""
+        self.contacts: dict[PeerId, set[PeerId]] = {p: set() for p in ids}
+        """Whom each node has exchanged messages with: who notices when it goes."""
+        self.nodes: dict[PeerId, SimNode] = {}
+        self._order: list[SimNode] = []
+        for identity in identities:
+            me = identity.peer_id
+            if bucket_size is None:
+                known = [p for p in ids if p != me]
+            else:
+                known = self.space.table(me, bucket_size, self.rng)
+            for peer in known:
+                self.known_by[peer].add(me)
+            node = SimNode(identity, None)  # type: ignore[arg-type]
+            node.core = self._core(node, KnownPeers(known))
+            self.nodes[me] = node
+            self._order.append(node)
 
-    @staticmethod
-    def _delivered_check(store: dict[CID, bytes]) -> Any:
-        """The sim has no durable log: nothing is delivered before the node started."""
-        return lambda topic, cid: False
+    def _core(self, node: SimNode, routing: KnownPeers) -> PulsarCore | FloodCore:
+        if self.protocol == "floodsub":
+            return FloodCore(node.identity, routing, lookup=node.store.get)
+        return PulsarCore(
+            node.identity,
+            routing,
+            self._config,
+            random.Random(self.rng.getrandbits(64)),
+            lookup=node.store.get,
+            is_delivered=node.in_log,
+        )
 
-    def _buckets(self, me: PeerId, others: list[PeerId], size: int) -> list[PeerId]:
-        mine = int.from_bytes(me.kademlia_id(), "big")
-        buckets: dict[int, list[PeerId]] = {}
-        for peer in others:
-            distance = mine ^ int.from_bytes(peer.kademlia_id(), "big")
-            buckets.setdefault(distance.bit_length(), []).append(peer)
-        known: list[PeerId] = []
-        for members in buckets.values():
-            known += self.rng.sample(members, min(size, len(members)))
-        return known
+    # ------------------------------------------------------------------ links
+
+    def link_latency(self, a: PeerId, b: PeerId) -> float:
+        """One way, fixed per link (symmetric), drawn from ``latency_range``."""
+        if self.latency_range is None:
+            return self.latency
+        lo, hi = self.latency_range
+        mixed = ((node_id(a) ^ node_id(b) ^ self._salt) * _GOLDEN) & _MASK64
+        return lo + (hi - lo) * (mixed / _MASK64)
+
+    def reachable(self, a: PeerId, b: PeerId) -> bool:
+        return self.group.get(a, 0) == self.group.get(b, 0)
+
+    def partition(self, groups: Iterable[Iterable[PeerId]]) -> None:
+        """Cut the network: a node reaches only its own group (unlisted: group 0).
+        Messages across are dropped silently, as the testbed's fault injector does."""
+        self.group = {}
+        for index, members in enumerate(groups, start=1):
+            for peer in members:
+                self.group[peer] = index
+
+    def heal(self) -> None:
+        self.group = {}
+
+    def _usable_from(self, node: SimNode) -> Callable[[PeerId], bool]:
+        me = node.peer_id
+        nodes = self.nodes
+        if not self.group:
+            return lambda p: nodes[p].alive
+        return lambda p: nodes[p].alive and self.reachable(me, p)
 
     # ------------------------------------------------------------------ driving
 
     def node(self, index: int) -> SimNode:
-        return list(self.nodes.values())[index]
+        return self._order[index]
 
     def input(self, peer: PeerId, event: Any, delay: float = 0.0) -> None:
         self._seq += 1
@@ -169,14 +210,16 @@ class SimNetwork:
         """Run for ``seconds`` of simulated time (periodic timers never empty the queue)."""
         self.run(until=self.now + seconds)
 
-    def run(self, until: float | None = None, max_steps: int = 10_000_000) -> None:
+    def run(self, until: float | None = None, max_steps: int = 100_000_000) -> None:
         """Process inputs in time order until the queue is empty (or ``until``)."""
+        queue, nodes = self._queue, self.nodes
         for _ in range(max_steps):
-            if not self._queue or (until is not None and self._queue[0][0] > until):
+            if not queue or (until is not None and queue[0][0] > until):
                 break
-            when, _, peer, event = heapq.heappop(self._queue)
-            self.now = max(self.now, when)
-            node = self.nodes[peer]
+            when, _, peer, event = heapq.heappop(queue)
+            if when > self.now:
+                self.now = when
+            node = nodes[peer]
             if not node.alive:
                 continue
             self._apply(node, node.core.handle(event, self.now))
@@ -207,21 +250,19 @@ class SimNetwork:
 
     def restart(self, node: SimNode) -> None:
         """Bring a crashed node back as a new process would: a fresh core that knows only
-        the node's durable state — its blocks, and per subscription when it began, its
-        heads and the latest topic version (as ``Node._resume`` passes them)."""
+        the node's durable state — its blocks, its routing table, and per subscription when
+        it began, its heads and the latest topic version (as ``Node._resume`` passes them).
+        The nodes that dropped it from their tables learn it again."""
         heads = {t: tuple(node.core.heads(t)) for t in node.subscriptions}
-        node.core = PulsarCore(
-            node.identity,
-            node.core.routing,
-            self._config,
-            random.Random(self.rng.getrandbits(64)),
-            lookup=node.store.get,
-            is_delivered=node.in_log,
-        )
+        routing = node.core.routing
+        assert isinstance(routing, KnownPeers)
+        node.core = self._core(node, routing)
         node.alive = True
-        for other in self.nodes.values():
-            if other is not node and isinstance(other.core.routing, _KnownPeers):
-                other.core.routing.add(node.peer_id)
+        node.lives += 1
+        for other in sorted(self.known_by[node.peer_id], key=bytes):
+            other_routing = self.nodes[other].core.routing
+            if isinstance(other_routing, KnownPeers):
+                other_routing.add(node.peer_id)
         for cid, topic in node.relays.items():
             if cid in node.outbox and cid not in node.subscriptions:
                 self.input(node.peer_id, ev.Subscribe(topic, False, None, (), (),
@@ -240,17 +281,31 @@ class SimNetwork:
             )
 
     def crash(self, node: SimNode) -> None:
-        """Stop ``node``. Others notice (as the transport's keepalive would) and their
-        routing tables replace it from the same bucket, as Kademlia's replacement cache
-        and bucket refreshes do."""
+        """Stop ``node``. The peers it talked to notice (as the transport's keepalive
+        would), and the routing tables that held it replace it from the same bucket, as
+        Kademlia's replacement cache and bucket refreshes do."""
         node.alive = False
-        alive = [n.peer_id for n in self.nodes.values() if n.alive]
-        for other in self.nodes.values():
-            if other.alive:
-                routing = other.core.routing
-                if isinstance(routing, _KnownPeers):
-                    routing.replace(node.peer_id, other.peer_id, alive, self.rng)
-                self.input(other.peer_id, ev.PeerDown(node.peer_id), self.latency * 5)
+        me = node.peer_id
+        for other in sorted(self.known_by[me], key=bytes):  # sets: no hash-seed order
+            peer = self.nodes[other]
+            routing = peer.core.routing
+            if peer.alive and isinstance(routing, KnownPeers) and me in routing:
+                routing.remove(me)
+                self._replace(peer, routing, me)
+        for other in sorted(self.contacts[me] | self.known_by[me], key=bytes):
+            if self.nodes[other].alive:
+                self.input(other, ev.PeerDown(me), self.link_latency(me, other) * 5)
+
+    def _replace(self, peer: SimNode, routing: KnownPeers, dead: PeerId) -> None:
+        start, end = self.space.bucket_of(peer.peer_id, dead)
+        candidates = [
+            self.space.peers[i] for i in range(start, end)
+            if self.space.peers[i] not in routing and self.nodes[self.space.peers[i]].alive
+        ]
+        if candidates:
+            chosen = self.rng.choice(candidates)
+            routing.add(chosen)
+            self.known_by[chosen].add(peer.peer_id)
 
     # ------------------------------------------------------------------ outputs
 
@@ -262,34 +317,36 @@ class SimNetwork:
                 case ev.SetTimer():
                     self.input(node.peer_id, ev.TimerFired(out.timer), out.delay)
                 case ev.Deliver():
-                    node.delivered.setdefault(out.topic, []).append(out.event)
-                    node.log.add((out.topic, out.event.cid))
-                    node.hops.append(out.hop)
-                    node.outbox.get(out.topic, {}).pop(out.event.cid, None)
+                    self._delivered(node, out)
                 case ev.StoreLocal():
-                    node.store[out.cid] = out.block
+                    node.store[out.cid] = self._blocks.setdefault(out.cid, out.block)
                 case ev.StoreDht():
-                    node.store[out.cid] = out.block
-                    self.dht[out.cid] = out.block
-                    self.input(node.peer_id, ev.DhtStored(out.cid, 3), self.latency)
+                    block = self._blocks.setdefault(out.cid, out.block)
+                    node.store[out.cid] = block
+                    holders = self.dht.put_block(out.cid, block, self._usable_from(node))
+                    self.input(node.peer_id, ev.DhtStored(out.cid, len(holders)),
+                               self._round_trip(node, holders))
                 case ev.Fetch():
-                    block = node.store.get(out.cid) or self.dht.get(out.cid)
-                    self.input(node.peer_id, ev.BlockFetched(out.cid, block), self.latency)
+                    found = node.store.get(out.cid)
+                    if found is None:
+                        found = self.dht.get_block(out.cid, self._usable_from(node))
+                        if found is not None:
+                            self.stats.copies += 1
+                    self.input(node.peer_id, ev.BlockFetched(out.cid, found), 2 * self.latency)
                 case ev.StoreRecord():
-                    record = out.record
-                    held = self.records.get(record.key)
-                    if held is None or held.seq < record.seq:
-                        self.records[record.key] = record
+                    self.dht.put_record(out.record, self._usable_from(node))
                 case ev.FetchRecords():
-                    found = tuple(
+                    usable = self._usable_from(node)
+                    records = tuple(
                         r
                         for r in (
-                            self.records.get(heads_record_key(out.topic, p))
+                            self.dht.get_record(heads_record_key(out.topic, p), usable)
                             for p in out.publishers
                         )
                         if r is not None
                     )
-                    self.input(node.peer_id, ev.RecordsFetched(out.topic, found), self.latency)
+                    self.input(node.peer_id, ev.RecordsFetched(out.topic, records),
+                               2 * self.latency)
                 case ev.VersionAdopted():
                     node.store[out.version.cid] = out.version.block
                     node.latest[out.topic] = out.version.cid
@@ -298,6 +355,7 @@ class SimNetwork:
                         node.outbox.setdefault(out.topic, {})[out.event] = None
                 case ev.Published():
                     node.published[out.request] = out.event
+                    self.stats.published_at.setdefault(out.event.cid, self.now)
                 case ev.TopicReady():
                     node.topics[out.request] = out.topic
                     if out.topic.parent is None:  # created: the node follows it durably
@@ -311,18 +369,52 @@ class SimNetwork:
                 case _:
                     assert_never(out)
 
+    def _delivered(self, node: SimNode, out: ev.Deliver) -> None:
+        event = self._events.setdefault(out.event.cid, out.event)
+        node.delivered.setdefault(out.topic, []).append(event)
+        node.log.add((out.topic, event.cid))
+        node.hops.append(out.hop)
+        node.outbox.get(out.topic, {}).pop(event.cid, None)
+        published = self.stats.published_at.get(event.cid)
+        if event.publisher != node.peer_id:
+            stats = self.stats
+            stats.delivered_pairs += 1
+            if published is not None and stats.measure:
+                stats.latencies.append(self.now - published)
+            if out.hop > stats.max_hop:
+                stats.max_hop = out.hop
+
+    def _round_trip(self, node: SimNode, peers: list[PeerId]) -> float:
+        if not peers:
+            return 2 * self.latency
+        return 2 * max(self.link_latency(node.peer_id, p) for p in peers)
+
     def _send(self, node: SimNode, out: ev.Send) -> None:
         target = self.nodes.get(out.peer)
         frame = encode_message(out.message)  # real encoding: the sizes are honest
+        kind = type(out.message).__name__.lower()
         self.messages_sent += 1
         self.bytes_sent += len(frame)
+        self.stats.messages[kind] += 1
+        self.stats.bytes[kind] += len(frame)
+        me = node.peer_id
         if target is None or not target.alive:
-            self.input(node.peer_id, ev.SendFailed(out.peer), self.latency * 2)
+            self.input(me, ev.SendFailed(out.peer), self.link_latency(me, out.peer) * 2)
             return
         if self.loss and self.rng.random() < self.loss:
             return
-        if self.drop is not None and self.drop(node.peer_id, out.peer, out.message):
+        if self.drop is not None and self.drop(me, out.peer, out.message):
             return
-        delay = self.latency + (self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0)
+        if self.group and not self.reachable(me, out.peer):
+            return
+        self.contacts[me].add(out.peer)
+        self.contacts[out.peer].add(me)
+        delay = self.link_latency(me, out.peer)
+        if self.jitter:
+            delay += self.rng.uniform(-self.jitter, self.jitter)
         message = decode_message(frame)
-        self.input(out.peer, ev.Received(node.peer_id, message), max(0.0, delay))
+        if kind == "event":
+            self.stats.copies += 1
+        elif isinstance(message, Blocks):
+            self.stats.copies += len(message.blocks)
+        self.input(out.peer, ev.Received(me, message), max(0.0, delay))

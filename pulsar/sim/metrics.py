@@ -1,0 +1,123 @@
+"""What a simulator run measured, and the invariants checked after it.
+
+The figures are defined as the testbed defines them (``docs/testbed.md``): RMR counts every
+payload copy that reached a node — down a link, in a backfill answer, from the DHT — per
+delivered (node, event) pair, minus one; LDH is the largest hop count at which an event
+was first delivered; latencies are simulated time from the publish being acknowledged to
+the delivery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from dag import CID, PeerId
+
+from .network import SimNetwork, SimNode
+
+__all__ = ["check_invariants", "delivery_counts", "order_violations", "percentiles"]
+
+
+def percentiles(values: Sequence[float], points: Iterable[int] = (50, 90, 99)) -> dict[str, float]:
+    """Nearest-rank percentiles in milliseconds (and the maximum); empty if no values."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    out = {}
+    for p in points:
+        rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+        out[f"p{p}"] = round(ordered[rank] * 1000, 1)
+    out["max"] = round(ordered[-1] * 1000, 1)
+    return out
+
+
+def delivery_counts(
+    expected: dict[CID, tuple[CID, list[SimNode]]],
+) -> tuple[int, int, int, int]:
+    """``expected``: event -> (topic, the nodes that must have it). Returns the pairs
+    expected, delivered, missed, and extra deliveries (the same event twice at a node)."""
+    want = have = duplicates = 0
+    seen_nodes: set[int] = set()
+    by_node: dict[int, dict[CID, int]] = {}
+    for cid, (_topic, nodes) in expected.items():
+        for node in nodes:
+            key = id(node)
+            if key not in seen_nodes:
+                seen_nodes.add(key)
+                counts: dict[CID, int] = {}
+                for events in node.delivered.values():
+                    for event in events:
+                        counts[event.cid] = counts.get(event.cid, 0) + 1
+                by_node[key] = counts
+                duplicates += sum(c - 1 for c in counts.values() if c > 1)
+            want += 1
+            if by_node[key].get(cid, 0):
+                have += 1
+    return want, have, want - have, duplicates
+
+
+def order_violations(nodes: Iterable[SimNode], known: set[CID]) -> int:
+    """Delivered events whose parent (an event of the run) was delivered after them or
+    not at all: causal order broken."""
+    violations = 0
+    for node in nodes:
+        for events in node.delivered.values():
+            position = {e.cid: i for i, e in enumerate(events)}
+            for i, event in enumerate(events):
+                parent = event.parent
+                if parent is not None and parent in known and position.get(parent, i + 1) > i:
+                    violations += 1
+    return violations
+
+
+def check_invariants(net: SimNetwork, topics: Iterable[CID]) -> dict[str, int]:
+    """After a run, over the live nodes: no cycle in any tree (following parents); every
+    tree edge known at both ends (an attached child's parent lists it as a child); every
+    member attached (its JOIN answered, or it is the root)."""
+    if net.protocol != "pulsarcast":
+        return {}
+    cycles = asymmetric = unattached = 0
+    live = {n.peer_id: n for n in net.nodes.values() if n.alive}
+    for topic in topics:
+        parents: dict[PeerId, frozenset[PeerId]] = {}
+        children: dict[PeerId, frozenset[PeerId]] = {}
+        for peer, node in live.items():
+            view = node.core.tree(topic)
+            if view is None:
+                continue
+            if not view.attached:
+                unattached += 1
+                continue  # its JOIN is still on its way: no edge yet
+            parents[peer] = frozenset(p for p in view.parents if p in live)
+            children[peer] = frozenset(c for c in view.children if c in live)
+        for peer, ups in parents.items():
+            for up in ups:
+                if peer not in children.get(up, frozenset()):
+                    asymmetric += 1
+        cycles += _cycles(parents)
+    return {"tree_cycles": cycles, "asymmetric_tree_edges": asymmetric,
+            "unattached_members": unattached}
+
+
+def _cycles(parents: dict[PeerId, frozenset[PeerId]]) -> int:
+    """How many distinct cycles following parent links (iterative three-colour DFS)."""
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(parents, white)
+    found = 0
+    for start in parents:
+        if colour[start] != white:
+            continue
+        stack = [(start, iter(parents[start]))]
+        colour[start] = grey
+        while stack:
+            node, ups = stack[-1]
+            nxt = next(ups, None)
+            if nxt is None:
+                colour[node] = black
+                stack.pop()
+            elif colour.get(nxt, black) == grey:
+                found += 1
+            elif colour.get(nxt, black) == white:
+                colour[nxt] = grey
+                stack.append((nxt, iter(parents.get(nxt, frozenset()))))
+    return found
