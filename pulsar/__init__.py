@@ -1,8 +1,19 @@
-"""Pulsarcast: the protocol, the embedded node, the CLI, the testbed and the simulator."""
+"""Pulsarcast: the protocol, the embedded node, the CLI, the testbed and the simulator.
 
-from .config import NodeConfig
-from .node import EventNotFound, LogEntry, Node, NotPersisted, PublishError, TopicNotFound
-from .runtime.subscription import Subscription
+The names below are loaded on first use (PEP 562), not when ``pulsar`` is imported:
+importing ``pulsar.spark`` (what every Spark executor does) or ``pulsar.proto`` must not
+start by loading the node, the DHT and ``kademlia``. ``from pulsar import Node`` works as
+before."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import NodeConfig
+    from .node import EventNotFound, LogEntry, Node, NotPersisted, PublishError, TopicNotFound
+    from .runtime.subscription import Subscription
 
 __all__ = [
     "EventNotFound",
@@ -14,3 +25,27 @@ __all__ = [
     "Subscription",
     "TopicNotFound",
 ]
+
+_WHERE = {
+    "NodeConfig": ".config",
+    "EventNotFound": ".node",
+    "LogEntry": ".node",
+    "Node": ".node",
+    "NotPersisted": ".node",
+    "PublishError": ".node",
+    "TopicNotFound": ".node",
+    "Subscription": ".runtime.subscription",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'pulsar' has no attribute {name!r}")
+    value = getattr(import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
