@@ -20,7 +20,7 @@ from .backfill_state import (
     event_links,
 )
 from .events import Out
-from .repair_messages import MAX_BLOCK, Blocks, Heads, Want
+from .repair_messages import MAX_BLOCK, Blocks, Heads, HeadsDigest, Want, heads_digest
 
 __all__ = ["AntiEntropy"]
 
@@ -70,7 +70,33 @@ class AntiEntropy(BackfillParts):
         A HEADS names what its sender delivered lately, most likely still on its way
         down the tree to us, so those gaps wait one RTO first; a JOINED's heads are
         history we missed, asked for at once."""
-        return self.learn_heads(msg.topic, msg.heads, peer, now, reorder=type(msg) is Heads)
+        out = self.learn_heads(msg.topic, msg.heads, peer, now, reorder=type(msg) is Heads)
+        state = self._topics.get(msg.topic)
+        if state is None or type(msg) is not Heads:
+            return out
+        digested = state.digested.pop(peer, None)
+        if digested is not None and frozenset(msg.heads) != digested:
+            # The answer to our digest: it lacks something of ours, or we of its (which
+            # the learning above is fetching). It cannot tell which, so it gets our list.
+            current = self.heads(msg.topic)
+            state.sent[peer] = frozenset(current)
+            out.append(ev.Send(peer, Heads(msg.topic, tuple(current))))
+            self._counts["heads_sent"] += 1
+        return out
+
+    def on_digest(self, peer: PeerId, msg: HeadsDigest, now: float) -> Out:
+        """A neighbour's heads, hashed: if ours hash the same there is nothing to do;
+        otherwise it gets our list (and answers with its own if that differs)."""
+        state = self._topics.get(msg.topic)
+        if state is None:
+            return []
+        current = self.heads(msg.topic)
+        if heads_digest(current) == msg.digest:
+            self._counts["digests_matched"] += 1
+            return []
+        state.sent[peer] = frozenset(current)
+        self._counts["heads_sent"] += 1
+        return [ev.Send(peer, Heads(msg.topic, tuple(current)))]
 
     def learn_heads(
         self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float,
@@ -121,6 +147,7 @@ class AntiEntropy(BackfillParts):
         peers = sorted(set(neighbours), key=bytes)
         for gone in [p for p in state.sent if p not in peers]:
             del state.sent[gone]
+            state.digested.pop(gone, None)
         if not heads:
             self._active.pop(topic, None)
             return []
@@ -129,6 +156,7 @@ class AntiEntropy(BackfillParts):
         if changed:
             state.last_heads, state.quiet = current, 0
             state.ticks += 1
+            state.digested.clear()  # answers to digests of an older set mean nothing now
         else:
             state.quiet += 1
         rounds, rest = divmod(state.quiet, self.config.heads_refresh)
@@ -137,14 +165,24 @@ class AntiEntropy(BackfillParts):
         if rounds >= _REFRESH_ROUNDS[-1]:
             self._active.pop(topic, None)
         message = Heads(topic, tuple(heads))
+        digest: HeadsDigest | None = None
         covered = state.covered
         out: Out = []
         for peer in peers:
             if not (full or state.sent.get(peer) != current):
                 continue
             state.sent[peer] = current
-            if not full and all(peer in covered.get(head, ()) for head in heads):
-                self._counts["heads_skipped"] += 1  # it has them all, or was told
+            if all(peer in covered.get(head, ()) for head in heads):
+                if not full:
+                    self._counts["heads_skipped"] += 1  # it has them all, or was told
+                    continue
+                # Sent or told of every head, but a copy may have been lost: the digest
+                # is enough to find out.
+                if digest is None:
+                    digest = HeadsDigest(topic, heads_digest(heads))
+                state.digested[peer] = current
+                out.append(ev.Send(peer, digest))
+                self._counts["digests_sent"] += 1
                 continue
             out.append(ev.Send(peer, message))
             self._counts["heads_sent"] += 1

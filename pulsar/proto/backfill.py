@@ -165,6 +165,8 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
             "gaps_reported": 0,
             "heads_sent": 0,
             "heads_skipped": 0,
+            "digests_sent": 0,
+            "digests_matched": 0,
             "heads_unknown": 0,
             "duplicates": 0,
             "rejected": 0,

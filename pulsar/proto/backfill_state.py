@@ -197,6 +197,8 @@ class TopicState:
     quiet: int = 0
     """Heads ticks since the heads last changed (the topic is active until the refresh)."""
     ticks: int = 0
+    digested: dict[PeerId, frozenset[CID]] = field(default_factory=dict)
+    """Neighbours sent a digest of these heads: their HEADS answer is compared with them."""
     """Heads ticks on which the heads had changed: every ``_FULL_EVERY`` th goes to every
     neighbour."""
     last_heads: frozenset[CID] = frozenset()

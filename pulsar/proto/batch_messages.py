@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Final
 
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import MessageError, decode_wire, register
-from .repair_messages import Heads
+from .repair_messages import Heads, HeadsDigest
 
 __all__ = ["BATCH_BYTES", "MAX_BATCH", "Batch", "BatchItem"]
 
@@ -25,8 +25,8 @@ MAX_BATCH: Final = 256
 BATCH_BYTES: Final = 256 * 1024
 """The estimated encoded size at which the core starts another BATCH."""
 
-BatchItem = Heads | IHave | Shuffle | Prune | Graft
-_KINDS: Final = frozenset(cls.T for cls in (Heads, IHave, Shuffle, Prune, Graft))
+BatchItem = Heads | HeadsDigest | IHave | Shuffle | Prune | Graft
+_KINDS: Final = frozenset(cls.T for cls in (Heads, HeadsDigest, IHave, Shuffle, Prune, Graft))
 
 
 @dataclass(frozen=True, slots=True)

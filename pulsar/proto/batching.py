@@ -8,11 +8,11 @@ from dag import PeerId
 from . import events as ev
 from .batch_messages import BATCH_BYTES, MAX_BATCH, Batch, BatchItem
 from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .repair_messages import Heads
+from .repair_messages import Heads, HeadsDigest
 
 __all__ = ["coalesce"]
 
-_BATCHABLE: frozenset[type] = frozenset({Heads, IHave, Shuffle, Prune, Graft})
+_BATCHABLE: frozenset[type] = frozenset({Heads, HeadsDigest, IHave, Shuffle, Prune, Graft})
 """Exact types: JOINED is shaped like HEADS but acknowledges an edge, and goes alone."""
 
 
@@ -21,6 +21,8 @@ def _estimate(message: BatchItem) -> int:
     match message:
         case Heads():
             return 64 + 40 * len(message.heads)
+        case HeadsDigest():
+            return 80
         case IHave():
             return 64 + 44 * len(message.entries)
         case Shuffle():

@@ -56,7 +56,7 @@ from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
 from .publishing import Publishing
-from .repair_messages import MAX_HEADS, Blocks, Heads, Joined, Want
+from .repair_messages import MAX_HEADS, Blocks, Heads, HeadsDigest, Joined, Want
 from .rtt import RttConfig, RttTable
 from .stores import OwnStores
 from .timers import (
@@ -403,6 +403,8 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self.backfill.on_heads(peer, message, now)
             case Heads():
                 return self.backfill.on_heads(peer, message, now)
+            case HeadsDigest():
+                return self.backfill.on_digest(peer, message, now)
             case Subs():
                 return self._reject(peer, "a floodsub message on a pulsarcast node")
             case Batch():

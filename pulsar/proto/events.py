@@ -26,7 +26,7 @@ from .batch_messages import Batch
 from .flood_messages import Subs
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from .repair_messages import Blocks, Heads, Joined, Want
+from .repair_messages import Blocks, Heads, HeadsDigest, Joined, Want
 from .timers import Timer
 
 __all__ = [
@@ -78,6 +78,7 @@ Message = (
     | Want
     | Blocks
     | Heads
+    | HeadsDigest
     | Joined
     | Subs
     | Batch

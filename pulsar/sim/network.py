@@ -403,7 +403,7 @@ class SimNetwork:
             frame = encode_message(out.message)
             message = decode_message(frame)
             self._last_sent, self._last_frame, self._last_decoded = out.message, frame, message
-        kind = type(out.message).__name__.lower()
+        kind: str = getattr(out.message, "T", type(out.message).__name__.lower())
         self.messages_sent += 1
         self.bytes_sent += len(frame)
         self.stats.messages[kind] += 1

@@ -38,7 +38,14 @@ from pulsar.proto.backfill import (
     WantTimeout,
 )
 from pulsar.proto.messages import MessageError, decode_message, encode_message
-from pulsar.proto.repair_messages import MAX_BLOCK, Blocks, Heads, Want
+from pulsar.proto.repair_messages import (
+    MAX_BLOCK,
+    Blocks,
+    Heads,
+    HeadsDigest,
+    Want,
+    heads_digest,
+)
 
 T0 = 1_700_000_000.0
 AUTHOR = Identity.from_seed(b"\x01" * 32)
@@ -750,35 +757,74 @@ def test_blocks_total_size_is_bounded() -> None:
 def test_heads_skip_neighbours_that_were_sent_or_told_every_head() -> None:
     """What was forwarded to a neighbour or announced to it is not named to it again in
     HEADS when the heads change; what it was not told of is. Every refresh round of a
-    quiet topic goes to everyone whatever it was told (a copy lost on a live connection,
-    or dropped by a partition, is caught up as soon as the topic is quiet)."""
+    quiet topic reaches everyone: the list where a head is untold, a 16-byte digest where
+    every head was sent or told (the copy may still have been lost)."""
     e0, e1 = _chain(2)
     core = _core(neighbours=lambda topic: [PEER, PEER2])
     core.accepted(TID, e0, 1, PEER, 0.0)
     core.cover(TID, e0.cid, {PEER, PEER2})  # came from PEER, forwarded to PEER2
 
-    def heads_sent(now: float) -> list[PeerId]:
-        return sorted((o.peer for o in core.tick(TID, [PEER, PEER2], now)
-                       if isinstance(o, ev.Send) and isinstance(o.message, Heads)), key=bytes)
+    def sent(now: float) -> dict[PeerId, type]:
+        return {o.peer: type(o.message) for o in core.tick(TID, [PEER, PEER2], now)
+                if isinstance(o, ev.Send)}
 
-    both = sorted([PEER, PEER2], key=bytes)
-    assert heads_sent(2.0) == []  # both have e0: nothing to tell
+    assert sent(2.0) == {}  # both have e0: nothing to tell
     assert core.metrics["heads_skipped"] == 2
-    # e1 came by repair and went nowhere: both are told.
+    # e1 came by repair and went nowhere: PEER2 is told; PEER was told already.
     core.accepted(TID, e1, REPAIR_HOP, None, 3.0)
-    core.cover(TID, e1.cid, {PEER})  # PEER was told; PEER2 was not
-    assert heads_sent(4.0) == [PEER2]
-    # Refresh rounds 1 and 2: to everyone, PEER too (its copy may have been lost).
-    assert heads_sent(6.0) == both
-    assert heads_sent(8.0) == both
-    assert heads_sent(10.0) == []  # quiet tick 3: no refresh round
-    assert heads_sent(12.0) == both  # 4
+    core.cover(TID, e1.cid, {PEER})
+    assert sent(4.0) == {PEER2: Heads}
+    # Refresh rounds 1 and 2: to everyone; PEER, told of everything, gets the digest.
+    assert sent(6.0) == {PEER: HeadsDigest, PEER2: Heads}
+    assert sent(8.0) == {PEER: HeadsDigest, PEER2: Heads}
+    assert sent(10.0) == {}  # quiet tick 3: no refresh round
+    assert sent(12.0) == {PEER: HeadsDigest, PEER2: Heads}  # 4
+    assert core.metrics["digests_sent"] == 3
+
+
+def test_a_digest_that_differs_brings_the_lists_both_ways() -> None:
+    """A refresh digest matching the receiver's heads costs nothing more; one that differs
+    makes the receiver send its HEADS, and the sender, seeing that they differ from what
+    it hashed, sends its own: whichever side lacks a head learns it."""
+    e0, e1, e2 = _chain(3)
+    mine = _core(neighbours=lambda topic: [PEER])
+    theirs = _core(neighbours=lambda topic: [PEER2])
+    for core in (mine, theirs):
+        core.accepted(TID, e0, 1, PEER, 0.0)
+        core.accepted(TID, e1, 1, PEER, 0.0)
+    same = HeadsDigest(TID, heads_digest([e1.cid]))
+    assert theirs.on_digest(PEER2, same, 1.0) == []
+    assert theirs.metrics["digests_matched"] == 1
+    # We move on to e2 (its copy to them was lost); our refresh digest no longer matches.
+    mine.accepted(TID, e2, 1, PEER2, 2.0)
+    mine.cover(TID, e2.cid, {PEER})
+    digest = next(o.message for o in _quiet_refresh(mine, PEER) if o.peer == PEER)
+    assert isinstance(digest, HeadsDigest)
+    (answer,) = theirs.on_digest(PEER2, digest, 3.0)
+    assert isinstance(answer, ev.Send) and answer.message == Heads(TID, (e1.cid,))
+    back = mine.on_heads(PEER, answer.message, 3.1)
+    assert [o.message for o in back if isinstance(o, ev.Send)] == [Heads(TID, (e2.cid,))]
+    wants = theirs.on_heads(PEER2, Heads(TID, (e2.cid,)), 3.2)
+    assert any(isinstance(o, ev.SetTimer) or isinstance(getattr(o, "message", None), Want)
+               for o in wants)
+    assert theirs.metrics["heads_unknown"] == 1  # they now fetch e2
+
+
+def _quiet_refresh(core: Backfill, peer: PeerId) -> list[ev.Send]:
+    """Tick until the first quiet refresh round; its sends."""
+    now = 10.0
+    while True:
+        out = [o for o in core.tick(TID, [peer], now) if isinstance(o, ev.Send)]
+        if out and core.metrics["digests_sent"]:
+            return out
+        now += 2.0
 
 
 def test_heads_that_change_every_tick_still_reach_everyone_now_and_then() -> None:
     """Under steady traffic a topic is never quiet; every 16th changing tick its heads
-    go to every neighbour anyway, so a copy lost to a neighbour that was sent it is
-    caught up without waiting for the traffic to stop."""
+    go to every neighbour anyway (here as digests: both were sent every event), so a copy
+    lost to a neighbour that was sent it is caught up without waiting for the traffic to
+    stop."""
     events = _chain(40)
     core = _core(neighbours=lambda topic: [PEER, PEER2])
     full_ticks = []
@@ -786,7 +832,7 @@ def test_heads_that_change_every_tick_still_reach_everyone_now_and_then() -> Non
         core.accepted(TID, event, 1, PEER, float(i))
         core.cover(TID, event.cid, {PEER, PEER2})
         sent = [o for o in core.tick(TID, [PEER, PEER2], i + 0.5)
-                if isinstance(o, ev.Send) and isinstance(o.message, Heads)]
+                if isinstance(o, ev.Send) and isinstance(o.message, Heads | HeadsDigest)]
         if sent:
             assert len(sent) == 2
             full_ticks.append(i + 1)
