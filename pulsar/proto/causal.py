@@ -73,6 +73,9 @@ class CausalOrder(BackfillParts):
         if since is not None:
             horizon = iso_timestamp(max(0.0, since - self.config.horizon_slack))
         state = self._topics[topic] = TopicState(topic, deliver, horizon)
+        delivered = tuple(delivered)
+        heads = tuple(heads)
+        state.restored = bool(heads or delivered)
         self.mark_delivered(topic, delivered)
         for head in heads:
             bounded_put(state.settled, head, None, self.config.settled_limit)
@@ -128,6 +131,11 @@ class CausalOrder(BackfillParts):
         or holds it and starts fetching its ancestors. The topic must be open."""
         state = self._topics[topic]
         if event.cid in state.held or event.cid in state.settled:
+            self._counts["duplicates"] += 1
+            return []
+        if state.restored and self._is_delivered(topic, event.cid):
+            # Delivered before the restart (the log says so): a neighbour sent it again.
+            bounded_put(state.settled, event.cid, None, self.config.settled_limit)
             self._counts["duplicates"] += 1
             return []
         out: Out = []

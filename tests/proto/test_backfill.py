@@ -526,6 +526,20 @@ def test_restart_resumes_from_the_stored_heads() -> None:
     assert me.delivered == chain[6:]
 
 
+def test_a_restarted_node_does_not_deliver_again_what_its_log_holds() -> None:
+    """After a restart only the heads are remembered in memory; a neighbour that sends an
+    older event again (its copy crossed the crash) must not make the application see it
+    twice: a restored topic asks the durable log first. A fresh one never has to."""
+    chain = _chain(4)
+    logged = {e.cid for e in chain[:3]}
+    core = _core(is_delivered=lambda topic, cid: cid in logged, heads=[chain[2].cid])
+    assert core.accepted(TID, chain[1], 1, PEER, 0.0) == []
+    assert core.metrics["duplicates"] == 1
+    assert core.accepted(TID, chain[3], 1, PEER, 0.0) == [ev.Deliver(TID, chain[3], 1)]
+    fresh = _core(is_delivered=lambda topic, cid: cid in logged)
+    assert fresh.accepted(TID, chain[0], 1, PEER, 0.0) == [ev.Deliver(TID, chain[0], 1)]
+
+
 def test_settled_memory_is_bounded_and_the_delivery_log_is_asked() -> None:
     chain = _chain(10)
     asked: list[tuple[CID, CID]] = []

@@ -24,7 +24,9 @@ def _sound(result: dict[str, Any]) -> None:
     assert result["missed"] == 0, result
     assert result["delivered"] == result["expected"] > 0
     assert result["duplicates"] == 0
-    assert result["order_violations"] == 0
+    # A gap that times out releases what waited behind it (reported as GapReported):
+    # those are the only order violations allowed.
+    assert result["order_violations_unreported"] == 0
     assert result["invariants"] == {"tree_cycles": 0, "asymmetric_tree_edges": 0,
                                     "unattached_members": 0}
 
