@@ -92,7 +92,7 @@ from .causal import CausalOrder
 from .events import GapReported, Out
 from .gaps import GapFetching
 from .rtt import RttTable
-from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, WantTimeout
+from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, RetryLost, WantTimeout
 
 __all__ = [
     "REPAIR_HOP",
@@ -165,6 +165,7 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
             "gaps_reported": 0,
             "heads_sent": 0,
             "heads_skipped": 0,
+            "lost_retried": 0,
             "digests_sent": 0,
             "digests_matched": 0,
             "heads_unknown": 0,
@@ -198,6 +199,8 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
                 return self._on_gap_timeout(timer, now)
             case WantTimeout():
                 return self._on_want_timeout(timer, now)
+            case RetryLost():
+                return self._on_retry_lost(timer, now)
             case RetryFetch():
                 gap = self._gaps.get(timer.gap)
                 if gap is None:

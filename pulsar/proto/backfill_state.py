@@ -113,6 +113,12 @@ class BackfillConfig:
     """First DHT retry delay; doubles each time."""
     retry_heads_after: float = 30.0
     """A head we could not get, or found invalid, is not asked for again this long."""
+    lost_retries: int = 6
+    """A gap given up on (its events released) is opened again after ``retry_heads_after``,
+    then twice as long each time, this many times (30 s ... 16 min: about 32 minutes in
+    all). Nobody names an interior event in HEADS, so without this an ancestor missing
+    through a partition or a DHT outage would never come, though persistence is the
+    point of the system."""
     answer_limit: int = MAX_BLOCKS
     """Most blocks we put in one BLOCKS answer."""
     answer_bytes: int = 512 * 1024
@@ -134,8 +140,9 @@ class BackfillConfig:
                      "heads_limit", "memo_limit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if self.heads_refresh < 1 or self.fetch_retries < 0:
-            raise ValueError("heads_refresh must be >= 1 and fetch_retries >= 0")
+        if self.heads_refresh < 1 or self.fetch_retries < 0 or self.lost_retries < 0:
+            raise ValueError(
+                "heads_refresh must be >= 1, fetch_retries and lost_retries >= 0")
         for name in ("want_timeout", "gap_timeout", "heads_interval", "fetch_retry_delay"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
@@ -188,6 +195,8 @@ class TopicState:
     """Frontiers whose children were delivered first: if they come late, not heads."""
     failed: OrderedDict[CID, float] = field(default_factory=OrderedDict)
     """Heads we could not get or found invalid -> not asked for again until then."""
+    lost: OrderedDict[CID, int] = field(default_factory=OrderedDict)
+    """Missing events of gaps given up on -> how many times they were asked for again."""
     wants: dict[tuple[PeerId, CID], Gap] = field(default_factory=dict)
     sent: dict[PeerId, frozenset[CID]] = field(default_factory=dict)
     covered: OrderedDict[CID, frozenset[PeerId]] = field(default_factory=OrderedDict)

@@ -69,6 +69,7 @@ from .timers import (
     RecordTimer,
     RequestTimeout,
     RetryFetch,
+    RetryLost,
     RetryParent,
     RootCheck,
     ShuffleTimer,
@@ -571,7 +572,7 @@ class PulsarCore(Publishing, VersionAdoption):
     def _on_timer(self, fired: ev.TimerFired, now: float) -> Out:
         timer = fired.timer
         match timer:
-            case GapTimeout() | WantTimeout() | RetryFetch() | HeadsTick():
+            case GapTimeout() | WantTimeout() | RetryFetch() | RetryLost() | HeadsTick():
                 return self.backfill.on_timer(timer, now)
             case GraftTimer():
                 return self.lazy.on_timer(timer, self._known_in(timer.topic), now)

@@ -22,7 +22,7 @@ from .backfill_state import (
 )
 from .events import GapReported, Out
 from .repair_messages import MAX_HAVE, Blocks, Want
-from .timers import GapTimeout, RetryFetch, WantTimeout
+from .timers import GapTimeout, RetryFetch, RetryLost, WantTimeout
 
 __all__ = ["GapFetching"]
 
@@ -260,6 +260,30 @@ class GapFetching(BackfillParts):
         self._close(gap)
         until = now + self.config.retry_heads_after
         bounded_put(state.failed, gap.frontier, until, self.config.memo_limit)
+        if reason == "invalid":
+            return
+        attempt = state.lost.get(gap.frontier, 0)
+        if attempt < self.config.lost_retries:
+            bounded_put(state.lost, gap.frontier, attempt + 1, self.config.memo_limit)
+            delay = self.config.retry_heads_after * (1 << attempt)
+            out.append(ev.SetTimer(delay, RetryLost(gap.topic, gap.frontier)))
+
+    def _on_retry_lost(self, timer: RetryLost, now: float) -> Out:
+        """Ask again for the missing event of a gap given up on: from a tree neighbour
+        first (a different one each attempt), else the DHT."""
+        state = self._topics.get(timer.topic)
+        cid = timer.cid
+        if state is None or cid in state.settled or cid in state.held or cid in state.frontier:
+            return []
+        if self._is_delivered(state.cid, cid):
+            return []
+        state.failed.pop(cid, None)
+        neighbours = sorted(self._neighbours(state.cid), key=bytes) if self._neighbours else []
+        peer = neighbours[state.lost.get(cid, 0) % len(neighbours)] if neighbours else None
+        self._counts["lost_retried"] += 1
+        out: Out = []
+        self._open_gap(state, cid, peer, now, out)
+        return out
 
     def _invalid(
         self, state: TopicState, cid: CID, peer: PeerId | None, now: float, out: Out

@@ -22,6 +22,7 @@ __all__ = [
     "RecordTimer",
     "RequestTimeout",
     "RetryFetch",
+    "RetryLost",
     "RetryParent",
     "RootCheck",
     "ShuffleTimer",
@@ -99,6 +100,15 @@ class RetryFetch:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryLost:
+    """A gap given up on: its missing event ``cid`` is asked for again (a partition may
+    have healed, its DHT holders may be back)."""
+
+    topic: CID
+    cid: CID
+
+
+@dataclass(frozen=True, slots=True)
 class HeadsTick:
     """The node's one heads anti-entropy tick: it visits only topics whose heads changed
     lately, and is not armed at all while every topic is idle. ``seq`` names the armed
@@ -136,7 +146,7 @@ class Greet:
     """Floodsub greets newly known peers with its subscriptions."""
 
 
-BackfillTimer = GapTimeout | WantTimeout | RetryFetch | HeadsTick
+BackfillTimer = GapTimeout | WantTimeout | RetryFetch | RetryLost | HeadsTick
 PlumtreeTimer = DispatchTimer | GraftTimer | ShuffleTimer
 TreeTimer = RetryParent | JoinTimeout | RootCheck | RequestTimeout | RecordTimer
 Timer = TreeTimer | BackfillTimer | PlumtreeTimer | Greet

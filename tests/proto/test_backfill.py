@@ -34,6 +34,7 @@ from pulsar.proto.backfill import (
     GapTimeout,
     HeadsTick,
     RetryFetch,
+    RetryLost,
     Verify,
     WantTimeout,
 )
@@ -329,8 +330,42 @@ def test_fetch_misses_retry_then_stall_until_the_gap_timeout() -> None:
     assert out == [
         ev.Deliver(TID, chain[2], 1),
         GapReported(TID, chain[1].cid, 0.0, 1, "timeout"),
+        ev.SetTimer(30.0, RetryLost(TID, chain[1].cid)),  # asked for again later
     ]
     assert core.missing(TID) == [] and core.metrics["gaps_reported"] == 1
+
+
+def test_an_event_given_up_on_is_asked_for_again_with_back_off_until_it_comes() -> None:
+    """A gap that timed out released what waited behind it; its missing event is not a
+    head, so no HEADS will ever name it. It is asked for again 30 s, 60 s, 120 s ...
+    later (a partition may have healed), from a tree neighbour, and delivered when it
+    comes; after ``lost_retries`` attempts it is left alone."""
+    chain = _chain(3)
+    core = _core(neighbours=lambda topic: [PEER2],
+                 config=BackfillConfig(fetch_retries=0, lost_retries=2))
+    core.accepted(TID, chain[0], 1, PEER, 0.0)
+    core.accepted(TID, chain[2], 1, None, 0.0)
+    assert core.on_fetched(chain[1].cid, None, 0.1) == []  # stalled
+    out = core.on_timer(GapTimeout(TID, 0, 1), 5.0)
+    assert out[-1] == ev.SetTimer(30.0, RetryLost(TID, chain[1].cid))
+    # The first retry: a WANT to the neighbour; it never answers and the DHT misses.
+    out = core.on_timer(RetryLost(TID, chain[1].cid), 35.0)
+    (want,) = [o for o in out if isinstance(o, ev.Send)]
+    assert want.peer == PEER2 and isinstance(want.message, Want)
+    assert want.message.head == chain[1].cid
+    assert core.metrics["lost_retried"] == 1
+    assert core.peer_down(PEER2, 36.0) == [ev.Fetch(chain[1].cid)]
+    assert core.on_fetched(chain[1].cid, None, 36.1) == []
+    (gap_timer,) = [o.timer for o in out if isinstance(o, ev.SetTimer)
+                    and isinstance(o.timer, GapTimeout)]
+    out = core.on_timer(gap_timer, 40.0)
+    assert out[-1] == ev.SetTimer(60.0, RetryLost(TID, chain[1].cid))  # twice as long
+    # The second retry finds it: delivered late, once; no third retry is armed.
+    out = core.on_timer(RetryLost(TID, chain[1].cid), 100.0)
+    (want,) = [o for o in out if isinstance(o, ev.Send)]
+    out = core.on_blocks(PEER2, Blocks(TID, chain[1].cid, (chain[1].block,)), 100.5)
+    assert _delivered(out) == [chain[1]]
+    assert core.on_timer(RetryLost(TID, chain[1].cid), 300.0) == []
 
 
 def test_gap_timeout_reports_releases_and_a_late_ancestor_is_delivered_once() -> None:
