@@ -39,7 +39,9 @@ DHT miss                               retry with back-off ``fetch_retries`` tim
 gap timeout                            report ``GapReported`` and deliver the held events
                                        waiting on the gap (causal order among what is
                                        known); keep fetching if a request is in flight,
-                                       else drop the gap
+                                       else drop the gap and arm ``RetryLost``
+``RetryLost``                          open the gap again (a neighbour, else the DHT);
+                                       30 s after the drop, doubling, ``lost_retries``
 held events reach ``max_pending``      release the oldest gap early (``"overflow"``)
 HEADS from a neighbour                 open a gap (WANT to that neighbour) per unknown head
 heads timer                            send our heads to each neighbour whose copy is stale
