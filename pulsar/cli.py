@@ -601,7 +601,7 @@ def _sim(args: argparse.Namespace) -> int:
         options = SimOptions(
             nodes=args.nodes, scenario=args.scenario, protocol=args.protocol, seed=args.seed,
             topics=args.topics, events=args.events, latency_ms=args.latency_ms,
-            loss=args.loss, churn=args.churn, restart=not args.no_restart,
+            loss=args.loss, churn=args.churn, restart=args.restart,
             partition=args.partition, late=args.late, interval=args.interval,
             bucket_size=args.bucket_size, replicas=args.replicas,
             settle_max=args.settle_max, progress=not args.quiet,
@@ -636,8 +636,9 @@ def _add_sim(sub: Any) -> None:
                      help="share of messages lost while publishing (default 0)")
     sim.add_argument("--churn", type=float, default=0.0,
                      help="share of nodes that crash while publishing (churn: 0.3)")
-    sim.add_argument("--no-restart", action="store_true",
-                     help="crashed nodes stay down (default: back after 1-5 s)")
+    sim.add_argument("--restart", action=argparse.BooleanOptionalAction, default=True,
+                     help="crashed nodes come back after 1-5 s from their durable state "
+                     "(default; --no-restart: they stay down)")
     sim.add_argument("--partition", type=float, default=0.0,
                      help="share of nodes cut off for part of the run (partition: 0.2)")
     sim.add_argument("--late", type=float, default=0.0,
