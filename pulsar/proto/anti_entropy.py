@@ -169,13 +169,22 @@ class AntiEntropy(BackfillParts):
         covered = state.covered
         out: Out = []
         for peer in peers:
-            if not (full or state.sent.get(peer) != current):
+            before = state.sent.get(peer)
+            if not (full or before != current):
                 continue
             state.sent[peer] = current
-            if all(peer in covered.get(head, ()) for head in heads):
-                if not full:
+            if not full:
+                # Only what is new since our last set to it: it has (or was sent) the
+                # rest, and a lost copy is caught up by the refresh rounds.
+                new = heads if before is None else [h for h in heads if h not in before]
+                if all(peer in covered.get(head, ()) for head in new):
                     self._counts["heads_skipped"] += 1  # it has them all, or was told
                     continue
+                listed = message if len(new) == len(heads) else Heads(topic, tuple(new))
+                out.append(ev.Send(peer, listed))
+                self._counts["heads_sent"] += 1
+                continue
+            if all(peer in covered.get(head, ()) for head in heads):
                 # Sent or told of every head, but a copy may have been lost: the digest
                 # is enough to find out.
                 if digest is None:
