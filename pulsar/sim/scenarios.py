@@ -157,7 +157,8 @@ def run_sim(options: SimOptions) -> dict[str, object]:
     period = options.events * options.interval
     t0 = net.now
     protected = {id(a) for a in authors}
-    sender = rng.choice(others) if options.scenario == "single" else None
+    ready = [n for n in others if id(n) not in late]
+    sender = rng.choice(ready) if options.scenario == "single" else None
     if sender is not None:
         protected.add(id(sender))
     faults: list[tuple[float, Callable[[], None]]] = []
