@@ -90,8 +90,6 @@ class AntiEntropy(BackfillParts):
         state = self._topics.get(msg.topic)
         if state is None:
             return []
-        if self._neighbours is not None and peer not in self._neighbours(msg.topic):
-            return []  # digests come from neighbours; a list is no answer for anyone else
         current = self.heads(msg.topic)
         if heads_digest(current) == msg.digest:
             self._counts["digests_matched"] += 1
