@@ -16,6 +16,7 @@ from dag import CID, PeerId
 from . import events as ev
 from .backfill_state import (
     BackfillParts,
+    TopicState,
     bounded_put,
     event_links,
 )
@@ -78,11 +79,15 @@ class AntiEntropy(BackfillParts):
         if digested is not None and frozenset(msg.heads) != digested:
             # The answer to our digest: it lacks something of ours, or we of its (which
             # the learning above is fetching). It cannot tell which, so it gets our list.
-            current = self.heads(msg.topic)
-            state.sent[peer] = frozenset(current)
-            out.append(ev.Send(peer, Heads(msg.topic, tuple(current))))
-            self._counts["heads_sent"] += 1
+            out.append(self._our_list(state, peer))
         return out
+
+    def _our_list(self, state: TopicState, peer: PeerId) -> ev.Send:
+        """Our whole heads list to ``peer``, remembered as the set it last had from us."""
+        current = self.heads(state.cid)
+        state.sent[peer] = frozenset(current)
+        self._counts["heads_sent"] += 1
+        return ev.Send(peer, Heads(state.cid, tuple(current)))
 
     def on_digest(self, peer: PeerId, msg: HeadsDigest, now: float) -> Out:
         """A neighbour's heads, hashed: if ours hash the same there is nothing to do;
@@ -90,13 +95,10 @@ class AntiEntropy(BackfillParts):
         state = self._topics.get(msg.topic)
         if state is None:
             return []
-        current = self.heads(msg.topic)
-        if heads_digest(current) == msg.digest:
+        if heads_digest(self.heads(msg.topic)) == msg.digest:
             self._counts["digests_matched"] += 1
             return []
-        state.sent[peer] = frozenset(current)
-        self._counts["heads_sent"] += 1
-        return [ev.Send(peer, Heads(msg.topic, tuple(current)))]
+        return [self._our_list(state, peer)]
 
     def learn_heads(
         self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float,
