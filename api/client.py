@@ -11,7 +11,8 @@ logic: it runs a :class:`PulsarcastClient` on a private event loop in a backgrou
 waits for each call.
 
 Events and topics come back as the JSON objects the API documents (plain dicts), so what a
-script reads is what ``curl`` shows; :func:`payload_of` decodes an event's payload bytes.
+script reads is what ``curl`` shows; :func:`payload_of` decodes an event's payload bytes,
+:func:`payload_value` gives it back as it was published (JSON value, text or bytes).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-__all__ = ["PROBLEM_BASE", "ApiError", "Client", "PulsarcastClient", "payload_of"]
+__all__ = ["PROBLEM_BASE", "ApiError", "Client", "PulsarcastClient", "payload_of",
+           "payload_value"]
 
 PROBLEM_BASE: Final = "https://pulsarcast.dev/problems/"
 Json = dict[str, Any]
@@ -108,6 +110,16 @@ class ApiError(Exception):
 def payload_of(event: Mapping[str, Any]) -> bytes:
     """An event's payload bytes (the API sends them as base64)."""
     return base64.b64decode(event["payload"])
+
+
+def payload_value(event: Mapping[str, Any]) -> Any:
+    """An event's payload as it was published: the JSON value of a JSON payload, the
+    ``str`` of a text payload, else the bytes."""
+    if "json" in event:
+        return event["json"]
+    if "text" in event:
+        return event["text"]
+    return payload_of(event)
 
 
 def _payload_body(payload: bytes | bytearray | str | Any) -> Json:
@@ -288,10 +300,14 @@ class PulsarcastClient:
     # ------------------------------------------------------------------ events
 
     async def publish(self, topic: str, payload: bytes | str | Any, *,
-                      parent: str | None = None) -> Json:
+                      parent: str | None = None, content_type: str | None = None) -> Json:
         """Publish ``payload``: bytes as they are, ``str`` as UTF-8 text, anything else as
-        compact JSON. ``parent`` only for topics with custom linking."""
+        compact JSON; readers get JSON and text back as such (:func:`payload_value`).
+        ``content_type`` labels the payload with another media type (for bytes, say
+        ``image/png``). ``parent`` only for topics with custom linking."""
         body = _payload_body(payload)
+        if content_type is not None:
+            body["content_type"] = content_type
         if parent is not None:
             body["parent"] = str(parent)
         result: Json = await self._call("POST", f"/v1/topics/{self._cid(topic)}/events",
@@ -453,6 +469,11 @@ class PulsarcastClient:
         answer = await self._call("GET", "/v1/node/trees")
         return list(answer["trees"])
 
+    async def check_token(self) -> None:
+        """Return if the node accepts this client's token for state changes; raise
+        :class:`ApiError` (``unauthorized``, 401) if not. Changes nothing on the node."""
+        await self._call("POST", "/v1/auth/check")
+
     async def health(self) -> Json:
         """``{"status": "ok", ...}``; a stopping node answers 503, raised as ApiError."""
         result: Json = await self._call("GET", "/v1/health")
@@ -542,8 +563,9 @@ class Client:
         return self._run(self.api.subscriptions())
 
     def publish(self, topic: str, payload: bytes | str | Any, *,
-                parent: str | None = None) -> Json:
-        return self._run(self.api.publish(topic, payload, parent=parent))
+                parent: str | None = None, content_type: str | None = None) -> Json:
+        return self._run(self.api.publish(topic, payload, parent=parent,
+                                          content_type=content_type))
 
     def get_event(self, cid: str) -> Json:
         return self._run(self.api.get_event(cid))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 from typing import Any
 
@@ -13,8 +12,9 @@ from aiohttp import web
 from dag import CID, TopicDescriptor
 from pulsar import Node, TopicNotFound
 
-from .limits import JSON_DEPTH, PAGE_EVENTS, ServerLimits
+from .limits import PAGE_EVENTS, ServerLimits
 from .problems import Problem
+from .strict_json import JsonRejected, strict_loads
 from .views import parse_cid
 
 __all__ = ["LIMITS_KEY", "NODE", "check_fields", "json_body", "json_response", "node_of",
@@ -39,42 +39,6 @@ def node_of(request: web.Request) -> Node:
     return request.app[NODE]
 
 
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} does not fit a double")
-    return value
-
-
-def _check_tree(body: Any) -> None:
-    """Nesting depth at most :data:`JSON_DEPTH`; every string (and key) encodable as UTF-8,
-    which JSON's ``\ud800`` escapes need not be. Iterative, so depth costs no stack."""
-    stack: list[tuple[Any, int]] = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise Problem(400, "invalid-json", "a string holds a lone surrogate "
-                              "(\\ud800-\\udfff), which is not Unicode text") from None
-            continue
-        if not isinstance(value, dict | list):
-            continue
-        if depth > JSON_DEPTH:
-            raise Problem(400, "invalid-json", f"the body nests deeper than {JSON_DEPTH} "
-                          "levels")
-        if isinstance(value, dict):
-            stack.extend((key, depth) for key in value)
-            stack.extend((item, depth + 1) for item in value.values())
-        else:
-            stack.extend((item, depth + 1) for item in value)
-
-
 async def json_body(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object; problem documents for anything else: not JSON (NaN,
     Infinity, numbers beyond a double), too deep, lone surrogates, too slow to arrive."""
@@ -88,16 +52,11 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise Problem(408, "request-timeout", f"the body did not arrive within {timeout:g} "
                       "s") from None
     try:
-        # decode first: json.loads(bytes) would also take UTF-16 and UTF-32
-        body = json.loads(raw.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
-    except RecursionError:
-        raise Problem(400, "invalid-json", f"the body nests deeper than {JSON_DEPTH} "
-                      "levels") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise Problem(400, "invalid-json", f"body is not JSON: {exc}") from None
+        body = strict_loads(raw)
+    except JsonRejected as exc:
+        raise Problem(400, "invalid-json", f"body: {exc}") from None
     if not isinstance(body, dict):
         raise Problem(400, "invalid-json", "body must be a JSON object")
-    _check_tree(body)
     return body
 
 

@@ -56,6 +56,14 @@ async def trees(request: web.Request) -> web.Response:
     })
 
 
+@routes.post("/v1/auth/check")
+async def auth_check(request: web.Request) -> web.Response:
+    """Changes nothing: it is a POST so that the token check every state change passes
+    through (:func:`api.auth.auth_middleware`) answers it. Clients (``pulsarcast doctor``,
+    the Spark writer at planning time) learn that a token is wrong before they act."""
+    return web.Response(status=204)
+
+
 @routes.get("/v1/health")
 async def health(request: web.Request) -> web.Response:
     node = node_of(request)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE
+
 from . import limits
 from .history import SECONDS_PATTERN, SEQ_PATTERN
 from .problems import PROBLEM_BASE, PROBLEM_TYPES
@@ -129,12 +131,20 @@ def openapi_document() -> dict[str, Any]:
         "Event": {
             "type": "object",
             "required": ["cid", "topic", "author", "publisher", "parent", "created",
-                         "payload", "payload_size"],
+                         "payload", "payload_size", "content_type"],
             "properties": {
                 "cid": _CID, "topic": _CID, "author": _PEER, "publisher": _PEER,
                 "parent": _NULLABLE_CID, "created": {"type": "string"},
-                "payload": {"type": "string", "contentEncoding": "base64"},
+                "payload": {"type": "string", "contentEncoding": "base64",
+                            "description": "the payload's bytes, always"},
                 "payload_size": {"type": "integer"}, "payload_link": _CID,
+                "content_type": {"type": ["string", "null"],
+                                 "description": "media type the author signed, if any"},
+                "json": {"description": "the payload's JSON value, when its content_type "
+                                        "is application/json or *+json and it parses"},
+                "text": {"type": "string",
+                         "description": "the payload as text, when its content_type is "
+                                        "text/* in UTF-8 and it decodes"},
                 "seq": {"type": "integer", "description": "delivery-log position (cursor)"},
                 "delivered_at": {"type": "number"},
             },
@@ -142,12 +152,19 @@ def openapi_document() -> dict[str, Any]:
         "PublishRequest": {
             "type": "object",
             "description": f"exactly one of json, text, base64; the payload at most "
-                           f"{limits.PAYLOAD_BYTES} bytes",
+                           f"{limits.PAYLOAD_BYTES} bytes. content_type defaults to "
+                           "application/json for json, text/plain; charset=utf-8 for "
+                           "text, none for base64",
             "properties": {"json": {"description": "any JSON value, published compact"},
                            "text": {"type": "string"},
                            "base64": {"type": "string", "contentEncoding": "base64",
                                       "pattern": "^([A-Za-z0-9+/]{4})*"
                                                  "([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"},
+                           "content_type": {
+                               "oneOf": [{"type": "null"},
+                                         {"type": "string", "maxLength": MAX_CONTENT_TYPE,
+                                          "pattern": f"^{CONTENT_TYPE_PATTERN}$"}],
+                               "description": "the payload's media type"},
                            "parent": _NULLABLE_CID},
             "oneOf": [{"required": [k]} for k in ("json", "text", "base64")],
             "additionalProperties": False,
@@ -240,6 +257,8 @@ def openapi_document() -> dict[str, Any]:
                                           "maximum": limits.ROUTING_K}, "how many")])},
         "/v1/node/trees": {"get": _op("This node's place in each topic tree", {
             "200": _json({"type": "object"}, "trees")})},
+        "/v1/auth/check": {"post": _op("Check the API token; changes nothing", {
+            "204": {"description": "the token is accepted"}}, auth=True)},
         "/v1/health": {"get": _op("Liveness", {"200": _json({"type": "object"}, "ok"),
                                                "503": _PROBLEM})},
         "/metrics": {"get": _op("Prometheus metrics", {"200": {

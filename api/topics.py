@@ -34,7 +34,7 @@ routes = web.RouteTableDef()
 MAX_PAYLOAD = PAYLOAD_BYTES
 _TOPIC_FIELDS = frozenset({"name", "allowed_publishers", "request_to_publish",
                            "event_linking", "subtopics"})
-_PUBLISH_FIELDS = frozenset({"json", "text", "base64", "parent"})
+_PUBLISH_FIELDS = frozenset({"json", "text", "base64", "content_type", "parent"})
 _BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -176,12 +176,13 @@ async def publish(request: web.Request) -> web.Response:
     topic: TopicDescriptor = await topic_of(request)
     body = await json_body(request)
     check_fields(body, _PUBLISH_FIELDS)
-    payload = parse_payload(body, MAX_PAYLOAD)
+    payload, content_type = parse_payload(body, MAX_PAYLOAD)
     parent = body.get("parent")
     parent_cid = None if parent is None else parse_cid(parent, "parent")
     node = node_of(request)
     try:
-        event = await node.publish(topic.cid, payload, parent=parent_cid)
+        event = await node.publish(topic.cid, payload, parent=parent_cid,
+                                   content_type=content_type)
     except NotPersisted as exc:
         raise Problem(503, "not-persisted", str(exc)) from None
     except PublishError as exc:

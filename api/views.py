@@ -11,13 +11,17 @@ import binascii
 import json
 from typing import Any
 
-from dag import CID, EventDescriptor, PeerId, TopicDescriptor
-from dag.errors import InvalidCID
+from dag import CID, EventDescriptor, PeerId, TopicDescriptor, check_content_type
+from dag.errors import InvalidCID, SchemaError
 
 from .limits import PEERS
 from .problems import Problem
+from .strict_json import JsonRejected, strict_loads
 
 __all__ = [
+    "JSON_TYPE",
+    "TEXT_TYPE",
+    "decoded_payload",
     "event_json",
     "parse_cid",
     "parse_payload",
@@ -52,9 +56,15 @@ def parse_peers(value: Any, field: str) -> list[PeerId] | bool | None:
     return peers
 
 
-def parse_payload(body: dict[str, Any], limit: int) -> bytes:
-    """Exactly one of ``json`` (any JSON value, sent compact), ``text`` (UTF-8) or
-    ``base64`` (bytes)."""
+JSON_TYPE = "application/json"
+TEXT_TYPE = "text/plain; charset=utf-8"
+_DEFAULT_TYPE: dict[str, str | None] = {"json": JSON_TYPE, "text": TEXT_TYPE, "base64": None}
+
+
+def parse_payload(body: dict[str, Any], limit: int) -> tuple[bytes, str | None]:
+    """The payload and its media type. Exactly one of ``json`` (any JSON value, sent
+    compact; ``application/json``), ``text`` (UTF-8; ``text/plain; charset=utf-8``) or
+    ``base64`` (bytes, no media type); ``content_type`` names another media type."""
     given = [k for k in ("json", "text", "base64") if k in body]
     if len(given) != 1:
         raise Problem(400, "invalid-field", "give the payload as exactly one of 'json', "
@@ -77,7 +87,50 @@ def parse_payload(body: dict[str, Any], limit: int) -> bytes:
     if len(data) > limit:
         raise Problem(413, "payload-too-large", f"payload is {len(data)} bytes; the limit "
                       f"is {limit}")
-    return data
+    content_type = body.get("content_type", _DEFAULT_TYPE[kind])
+    if content_type is not None:
+        if not isinstance(content_type, str):
+            raise Problem(400, "invalid-field", "content_type must be a string or null")
+        try:
+            check_content_type(content_type)
+        except SchemaError as exc:
+            raise Problem(400, "invalid-field", str(exc)) from None
+    return data, content_type
+
+
+def _is_json(content_type: str) -> bool:
+    """``application/json`` and the ``+json`` structured-syntax types (RFC 6839)."""
+    essence = content_type.split(";", 1)[0].strip().lower()
+    return essence == JSON_TYPE or essence.endswith("+json")
+
+
+def _is_utf8_text(content_type: str) -> bool:
+    """``text/*`` whose charset, if named, is UTF-8 (or its ASCII subset)."""
+    essence, _, params = content_type.partition(";")
+    if not essence.strip().lower().startswith("text/"):
+        return False
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower() in ("utf-8", "utf8", "us-ascii")
+    return True
+
+
+def decoded_payload(content_type: str | None, payload: bytes) -> dict[str, Any]:
+    """``{"json": value}`` or ``{"text": str}`` for a payload published as JSON or text
+    that still parses as such, else nothing: the payload is then read from ``payload``
+    (base64). A publisher can label any bytes, so a label that does not fit its bytes
+    falls back to base64 rather than failing the whole answer."""
+    if content_type is None:
+        return {}
+    try:
+        if _is_json(content_type):
+            return {"json": strict_loads(payload)}
+        if _is_utf8_text(content_type):
+            return {"text": payload.decode("utf-8")}
+    except (JsonRejected, UnicodeDecodeError):
+        pass
+    return {}
 
 
 _TEXT_CACHE: dict[CID | PeerId, str] = {}
@@ -122,7 +175,8 @@ def event_json(
     seq: int | None = None,
     delivered_at: float | None = None,
 ) -> dict[str, Any]:
-    """``payload`` is the event's bytes (reassembled if they live in a chunk tree)."""
+    """``payload`` is the event's bytes (reassembled if they live in a chunk tree): always
+    there as base64, and also as ``json`` or ``text`` when it was published as such."""
     body: dict[str, Any] = {
         "cid": _text(event.cid),
         "topic": _text(event.topic),
@@ -132,7 +186,10 @@ def event_json(
         "created": event.created,
         "payload": base64.b64encode(payload).decode(),
         "payload_size": len(payload),
+        "content_type": event.content_type,
     }
+    if event.content_type is not None:
+        body.update(decoded_payload(event.content_type, payload))
     if isinstance(event.payload, CID):
         body["payload_link"] = str(event.payload)
     if seq is not None:

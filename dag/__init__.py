@@ -8,6 +8,7 @@ from .descriptors import (
     EventLinking,
     PublishRule,
     TopicDescriptor,
+    check_content_type,
     check_rights,
 )
 from .errors import (
@@ -43,6 +44,7 @@ __all__ = [
     "SignatureError",
     "StoreError",
     "TopicDescriptor",
+    "check_content_type",
     "check_rights",
     "cid_of",
     "cid_of_raw",

@@ -43,12 +43,15 @@ from .identity import Identity, PeerId
 
 __all__ = [
     "MAX_DESCRIPTOR_SIZE",
+    "CONTENT_TYPE_PATTERN",
+    "MAX_CONTENT_TYPE",
     "MAX_INLINE_PAYLOAD",
     "PROTOCOL_VERSION",
     "EventDescriptor",
     "EventLinking",
     "PublishRule",
     "TopicDescriptor",
+    "check_content_type",
     "check_rights",
     "iso_timestamp",
     "parse_timestamp",
@@ -522,6 +525,9 @@ class EventDescriptor(_ContentAddressed):
     publisher_signature: bytes | None
     block: bytes = field(repr=False)
     cid: CID
+    content_type: str | None = None
+    """The payload's media type as its author declared it (``metadata.contentType``,
+    optional; events from before it existed have none)."""
 
     KIND: ClassVar[str] = "event"
 
@@ -535,16 +541,20 @@ class EventDescriptor(_ContentAddressed):
 
     @staticmethod
     def _content(
-        topic: CID, author: PeerId, payload: bytes | CID, created: str, version: str
+        topic: CID,
+        author: PeerId,
+        payload: bytes | CID,
+        created: str,
+        version: str,
+        content_type: str | None = None,
     ) -> dict[str, Any]:
         """The author's part of an event: what a request to publish carries and what the
-        author signs when someone else publishes."""
-        return {
-            "topic": topic,
-            "author": author.raw,
-            "payload": payload,
-            "metadata": {"created": created, "protocolVersion": version},
-        }
+        author signs when someone else publishes. The media type sits in the signed
+        metadata, so no relay can relabel a payload."""
+        metadata: dict[str, Any] = {"created": created, "protocolVersion": version}
+        if content_type is not None:
+            metadata["contentType"] = content_type
+        return {"topic": topic, "author": author.raw, "payload": payload, "metadata": metadata}
 
     @classmethod
     def sign_content(
@@ -553,13 +563,17 @@ class EventDescriptor(_ContentAddressed):
         topic: CID,
         payload: bytes | CID,
         *,
+        content_type: str | None = None,
         now: float | None = None,
     ) -> tuple[str, bytes]:
         """Sign a payload as its author for someone else to publish (request to publish).
         Returns ``(created, author_signature)``."""
         _check_payload(payload)
+        check_content_type(content_type)
         created = iso_timestamp(now)
-        content = cls._content(topic, identity.peer_id, payload, created, PROTOCOL_VERSION)
+        content = cls._content(
+            topic, identity.peer_id, payload, created, PROTOCOL_VERSION, content_type
+        )
         return created, identity.sign(encode(content))
 
     @classmethod
@@ -573,12 +587,14 @@ class EventDescriptor(_ContentAddressed):
         author: PeerId | None = None,
         created: str | None = None,
         author_signature: bytes | None = None,
+        content_type: str | None = None,
         now: float | None = None,
     ) -> Self:
         """Build and sign an event. For a request to publish, pass the requester as
         ``author`` with the ``created`` and ``author_signature`` it sent (from
         :meth:`sign_content`); they are verified here like on any other hop."""
         _check_payload(payload)
+        check_content_type(content_type)
         me = publisher.peer_id
         signer = me if author is None else author
         own = signer == me
@@ -589,6 +605,7 @@ class EventDescriptor(_ContentAddressed):
                 payload,
                 created or iso_timestamp(now),
                 PROTOCOL_VERSION,
+                content_type,
             ),
             "publisher": me.raw,
             "parent": parent,
@@ -622,9 +639,12 @@ class EventDescriptor(_ContentAddressed):
                 raise SchemaError(f"inline payload is larger than {MAX_INLINE_PAYLOAD} bytes")
         elif not isinstance(payload, CID):
             raise SchemaError("event.payload must be bytes or a link to a chunk tree")
-        meta = _map(wire["metadata"], "event.metadata", _EVENT_META_KEYS)
+        meta = _map(wire["metadata"], "event.metadata", _EVENT_META_KEYS, _EVENT_META_OPTIONAL)
         created = _check_timestamp(meta["created"])
         version = _version(meta["protocolVersion"])
+        content_type = meta.get("contentType")
+        if content_type is not None:
+            _content_type(content_type, "event.metadata.contentType")
         author_sig = _signature(wire["authorSignature"], "event.authorSignature")
         publisher_sig: bytes | None = None
         if author == publisher:
@@ -651,6 +671,7 @@ class EventDescriptor(_ContentAddressed):
                 publisher_sig,
                 block,
                 cid,
+                content_type,
             ),
         )
 
@@ -667,6 +688,7 @@ class EventDescriptor(_ContentAddressed):
     _SET_PUBLISHER_SIG,
     _SET_BLOCK,
     _SET_CID,
+    _SET_CONTENT_TYPE,
 ) = (getattr(EventDescriptor, f.name).__set__ for f in dataclasses.fields(EventDescriptor))
 
 
@@ -689,6 +711,7 @@ def _build_event(cls: type[_E], v: tuple[Any, ...]) -> _E:
     _SET_PUBLISHER_SIG(e, v[8])
     _SET_BLOCK(e, v[9])
     _SET_CID(e, v[10])
+    _SET_CONTENT_TYPE(e, v[11])
     return e
 
 
@@ -703,6 +726,36 @@ _EVENT_KEYS: Final = {
 }
 _EVENT_OPTIONAL: Final = frozenset({"publisherSignature"})
 _EVENT_META_KEYS: Final = {"created", "protocolVersion"}
+_EVENT_META_OPTIONAL: Final = frozenset({"contentType"})
+
+MAX_CONTENT_TYPE: Final = 127
+"""Longest media type an event may declare (RFC 6838 caps type and subtype names at 127
+characters each; one short limit on the whole string keeps events small)."""
+
+# type "/" subtype, then optional ";" parameters: RFC 6838's restricted-name characters,
+# parameter values as tokens or quoted strings, all printable ASCII.
+_NAME: Final = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+_PARAM_VALUE: Final = r'(?:[!#$%&\'*+.^_`|~0-9A-Za-z-]+|"[ !#-\[\]-~]*")'
+CONTENT_TYPE_PATTERN: Final = rf"{_NAME}/{_NAME}(?:[ \t]*;[ \t]*{_NAME}={_PARAM_VALUE})*"
+"""What ``metadata.contentType`` must match in full (also the API's JSON Schema pattern)."""
+_CONTENT_TYPE_RE: Final = re.compile(CONTENT_TYPE_PATTERN)
+
+
+def _content_type(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(f"{what} must be a string")
+    if len(value) > MAX_CONTENT_TYPE:
+        raise SchemaError(f"{what} is longer than {MAX_CONTENT_TYPE} characters")
+    if not _CONTENT_TYPE_RE.fullmatch(value):
+        raise SchemaError(f"{what} {value!r} is not a media type like 'application/json'")
+    return value
+
+
+def check_content_type(value: str | None) -> None:
+    """Raise :class:`SchemaError` unless ``value`` is None or a media type such as
+    ``application/json`` or ``text/plain; charset=utf-8``."""
+    if value is not None:
+        _content_type(value, "content type")
 _CONTENT_KEYS: Final = ("topic", "author", "payload", "metadata")
 
 

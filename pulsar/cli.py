@@ -331,11 +331,14 @@ def _topic_text(topic: dict[str, Any]) -> str:
 
 
 def _payload_text(event: dict[str, Any]) -> str:
-    """Printable payloads as they are, other text JSON-quoted, binary as base64."""
+    """JSON payloads as compact JSON, printable text as it is, other text JSON-quoted,
+    binary as base64."""
     from api.client import payload_of
 
+    if "json" in event:
+        return json.dumps(event["json"], separators=(",", ":"), ensure_ascii=False)
     try:
-        text = payload_of(event).decode()
+        text = event["text"] if "text" in event else payload_of(event).decode()
     except UnicodeDecodeError:
         return f"base64:{event['payload']}"
     return text if text.isprintable() else json.dumps(text, ensure_ascii=False)
@@ -351,7 +354,11 @@ async def _topic_create(client: Any, args: argparse.Namespace) -> int:
         args.name, allowed_publishers=args.allowed_publisher or None,
         request_to_publish=True if args.request_to_publish else None,
         event_linking="CUSTOM" if args.custom_linking else None)
-    _emit(args, topic, _topic_text(topic))
+    if not args.json and not sys.stdout.isatty():
+        # Piped or captured (`CID=$(pulsarcast topic create news)`): the CID alone.
+        print(topic["cid"], flush=True)
+    else:
+        _emit(args, topic, _topic_text(topic))
     return 0
 
 
@@ -380,6 +387,7 @@ async def _topic_update(client: Any, args: argparse.Namespace) -> int:
 
 async def _publish(client: Any, args: argparse.Namespace) -> int:
     payload: Any
+    content_type = args.content_type
     if args.text is not None:
         payload = args.text
     elif args.json_payload is not None:
@@ -391,6 +399,7 @@ async def _publish(client: Any, args: argparse.Namespace) -> int:
         # Compact bytes, exactly as the node encodes a JSON payload; as bytes, a JSON
         # string stays a JSON value ('"hi"') instead of becoming bare text.
         payload = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        content_type = content_type or "application/json"
     else:
         try:
             if args.file == "-":
@@ -401,7 +410,8 @@ async def _publish(client: Any, args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"pulsarcast: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
             return 2
-    event = await client.publish(args.cid, payload, parent=args.parent)
+    event = await client.publish(args.cid, payload, parent=args.parent,
+                                 content_type=content_type)
     if args.quiet:
         print(event["cid"], flush=True)
     else:
@@ -499,6 +509,9 @@ def _add_api_commands(sub: Any) -> None:
     payload.add_argument("--json", dest="json_payload", metavar="JSON",
                          help="a JSON value, stored compact")
     payload.add_argument("--file", help="a file's bytes ('-' for stdin)")
+    publish.add_argument("--content-type", default=None, metavar="TYPE",
+                         help="the payload's media type (default: application/json for "
+                         "--json, text/plain; charset=utf-8 for --text, none for --file)")
     publish.add_argument("--parent", default=None, help="parent event CID (custom linking)")
     publish.add_argument("-q", "--quiet", action="store_true",
                          help="print only the new event's CID (for scripts)")
@@ -530,6 +543,29 @@ def _add_api_commands(sub: Any) -> None:
     peers = sub.add_parser("peers", parents=[common], help="the node's routing contacts")
     peers.add_argument("-k", type=int, default=20, help="how many (default 20)")
     peers.set_defaults(handler=_api_command(_peers))
+
+    doctor = sub.add_parser("doctor", parents=[common],
+                            help="is the node reachable, connected and usable? (REST API)")
+    doctor.set_defaults(handler=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """Exit 0 when nothing failed (warnings allowed), 1 otherwise."""
+    from api.client import PulsarcastClient
+
+    from .doctor import diagnose, render
+
+    async def go() -> list[Any]:
+        async with PulsarcastClient(args.url, args.token, timeout=10.0) as client:
+            return await diagnose(client, args.url, args.token is not None)
+
+    findings = asyncio.run(go())
+    if args.json:
+        for f in findings:
+            print(json.dumps({"verdict": f.verdict, "check": f.what, "detail": f.detail}))
+    else:
+        print(render(findings), flush=True)
+    return 1 if any(f.verdict == "FAIL" for f in findings) else 0
 
 
 def _testbed(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ from dag import (
     PeerId,
     PublishRule,
     TopicDescriptor,
+    check_content_type,
 )
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
@@ -621,17 +622,25 @@ class Node:
     # ------------------------------------------------------------------ publishing
 
     async def publish(
-        self, topic_cid: CID, payload: bytes, *, parent: CID | None = None
+        self,
+        topic_cid: CID,
+        payload: bytes,
+        *,
+        parent: CID | None = None,
+        content_type: str | None = None,
     ) -> EventDescriptor:
         """Publish ``payload``. The topic's latest rules decide: if this node may not
         publish but may request to, the request travels up the tree to the first allowed
         node (which becomes the event's publisher). A node that does not follow the topic
         first learns its latest version and heads (DHT heads records), so its event links
         to the topic's newest event. Large payloads go into a chunk tree in the DHT.
+        ``content_type`` (e.g. ``application/json``) is signed into the event so every
+        reader gets the payload back as it was meant.
         Returns the event once at least ``min_acks`` DHT nodes stored it and it is on its
         way down the tree; raises :class:`PublishError` otherwise."""
         if not isinstance(payload, bytes):
             raise TypeError("payload must be bytes")
+        check_content_type(content_type)
         first, later = await self._lineage(topic_cid)
         await self._resume_pending(first.cid)
         if self.core.tree(first.cid) is None:
@@ -641,7 +650,7 @@ class Node:
             body = await self.dht.put_large(payload)
         request = next(self._requests)
         event: EventDescriptor = await self._command(
-            request, ev.Publish(first.cid, body, parent, request)
+            request, ev.Publish(first.cid, body, parent, request, content_type)
         )
         return event
 

@@ -68,8 +68,11 @@ def test_readme_curl_tour_runs_against_a_devnet(tmp_path: Path) -> None:
     topic = json.loads(out.splitlines()[0])
     assert topic["name"] == "deploys"
     assert f'{{"topic": "{topic["cid"]}", "position": 0}}' in out
-    assert "rollback of 1.4.1 done" not in out  # payloads travel as base64 ...
-    assert "cm9sbGJhY2sgb2YgMS40LjEgZG9uZQ==" in out  # ... this is that text
+    # payloads come back as they were published (and always as base64 too)
+    assert '"text": "rollback of 1.4.1 done"' in out
+    assert '"json": {"service": "api", "version": "1.4.2"}' in out
+    assert "cm9sbGJhY2sgb2YgMS40LjEgZG9uZQ==" in out
+    assert list(tmp_path.iterdir()) == [tmp_path / "data"]  # no scratch files left behind
     # the stream, on node 1, delivered both events in order with positions 1 and 2
     assert re.search(r"id: 1\nevent: event\ndata: .*\n\nid: 2\nevent: event\n", out)
     assert '"next_cursor": "1"' in out

@@ -168,12 +168,14 @@ class Unsubscribe:
 @dataclass(frozen=True, slots=True)
 class Publish:
     """Publish ``payload`` on the tree of ``topic``; ``request`` identifies the outcome.
-    ``parent`` is a CUSTOM link (LAST_SEEN topics refuse one)."""
+    ``parent`` is a CUSTOM link (LAST_SEEN topics refuse one); ``content_type`` the
+    payload's media type, signed into the event."""
 
     topic: CID
     payload: bytes | CID
     parent: CID | None
     request: int
+    content_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

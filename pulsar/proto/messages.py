@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from dag import CID, PeerId, encode
+from dag import CID, PeerId, check_content_type, encode
 from dag.codec import decode_fast
-from dag.errors import CodecError, DagError
+from dag.errors import CodecError, DagError, SchemaError
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
@@ -127,6 +127,7 @@ class RequestToPublish:
     created: str
     signature: bytes
     parent: CID | None = None
+    content_type: str | None = None
     T: ClassVar[str] = "rtp"
 
     def to_wire(self) -> dict[str, Any]:
@@ -141,7 +142,7 @@ class RequestToPublish:
             "created": self.created,
             "sig": self.signature,
             "parent": self.parent,
-        }
+        } | ({} if self.content_type is None else {"ct": self.content_type})
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> RequestToPublish:
@@ -159,6 +160,12 @@ class RequestToPublish:
         if not isinstance(m["created"], str) or len(m["created"]) > 32:
             raise MessageError("rtp.created must be a timestamp")
         parent = None if m["parent"] is None else _cid(m["parent"], "rtp.parent")
+        content_type = m.get("ct")
+        if content_type is not None:
+            try:
+                check_content_type(content_type)
+            except SchemaError as exc:
+                raise MessageError(f"rtp.ct: {exc}") from None
         return cls(
             _cid(m["topic"], "rtp.topic"),
             _cid(m["version"], "rtp.version"),
@@ -167,6 +174,7 @@ class RequestToPublish:
             m["created"],
             _bytes(m["sig"], "rtp.sig", 64),
             parent,
+            content_type,
         )
 
 
@@ -202,12 +210,16 @@ Message = Join | Leave | Event | RequestToPublish | Ping | Pong
 
 _TYPES: dict[str, Any] = {}
 _FIELDS: dict[str, frozenset[str]] = {}
+_OPTIONAL: dict[str, frozenset[str]] = {}
 
 
-def register(cls: Any, fields: set[str]) -> None:
-    """Add a message type to the decoder (the repair layer registers its own)."""
+def register(cls: Any, fields: set[str], optional: frozenset[str] = frozenset()) -> None:
+    """Add a message type to the decoder (the repair layer registers its own).
+    ``optional`` fields may be absent; they are left out when unset, so peers that
+    predate them still read the message."""
     _TYPES[cls.T] = cls
     _FIELDS[cls.T] = frozenset(fields | {"t"})
+    _OPTIONAL[cls.T] = optional
 
 
 register(Join, {"topic", "block"})
@@ -216,6 +228,7 @@ register(Event, {"topic", "block", "hop"})
 register(
     RequestToPublish,
     {"topic", "version", "author", "payload", "link", "created", "sig", "parent"},
+    frozenset({"ct"}),
 )
 register(Ping, {"n"})
 register(Pong, {"n"})
@@ -244,7 +257,10 @@ def decode_wire(wire: dict[str, Any], kinds: frozenset[str] | None = None) -> An
     kind = wire.get("t")
     if not isinstance(kind, str) or kind not in _TYPES or (kinds is not None and kind not in kinds):
         raise MessageError(f"unknown message type {kind!r}"[:100])
-    if wire.keys() != _FIELDS[kind]:
+    keys = wire.keys()
+    if keys != _FIELDS[kind] and not (
+        _FIELDS[kind] <= keys and keys - _FIELDS[kind] <= _OPTIONAL[kind]
+    ):
         raise MessageError(f"{kind} message has fields {sorted(wire)}"[:200])
     try:
         return _TYPES[kind].from_wire(wire)

@@ -63,7 +63,8 @@ class Publishing(CoreParts):
         )
         if topic.may_publish(self.me):
             event = EventDescriptor.create(
-                self.identity, topic.cid, cmd.payload, parent=parent, now=now
+                self.identity, topic.cid, cmd.payload, parent=parent,
+                content_type=cmd.content_type, now=now,
             )
             return self._publish(tree, event, cmd.request)
         if not topic.may_request(self.me):
@@ -71,10 +72,11 @@ class Publishing(CoreParts):
         if not tree.parents:
             return [ev.CommandFailed(cmd.request, "no parent to carry a request to publish")]
         created, signature = EventDescriptor.sign_content(
-            self.identity, topic.cid, cmd.payload, now=now
+            self.identity, topic.cid, cmd.payload, content_type=cmd.content_type, now=now
         )
         request = RequestToPublish(
-            tree.topic.cid, topic.cid, self.me, cmd.payload, created, signature, cmd.parent
+            tree.topic.cid, topic.cid, self.me, cmd.payload, created, signature, cmd.parent,
+            cmd.content_type,
         )
         tree.requests[signature] = cmd.request
         out: Out = [ev.Send(p, request) for p in sorted(tree.parents, key=bytes)]
@@ -356,6 +358,7 @@ class Publishing(CoreParts):
                 author=msg.author,
                 created=msg.created,
                 author_signature=msg.signature,
+                content_type=msg.content_type,
             )
         except InvalidDescriptor as exc:
             return self._reject(peer, f"request to publish: {exc}")

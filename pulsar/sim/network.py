@@ -229,9 +229,11 @@ class SimNetwork:
         if until is not None:
             self.now = max(self.now, until)
 
-    def publish(self, node: SimNode, topic: CID, payload: bytes, parent: CID | None = None) -> int:
+    def publish(self, node: SimNode, topic: CID, payload: bytes, parent: CID | None = None,
+                content_type: str | None = None) -> int:
         self._request += 1
-        self.input(node.peer_id, ev.Publish(topic, payload, parent, self._request))
+        self.input(node.peer_id, ev.Publish(topic, payload, parent, self._request,
+                                            content_type))
         return self._request
 
     def relay(self, node: SimNode, topic: TopicDescriptor) -> None:

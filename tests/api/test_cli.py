@@ -42,13 +42,19 @@ async def test_topic_publish_and_replay(apis: list[Api], capsys: pytest.CaptureF
     assert code == 0 and out.strip().startswith("b")
     blob = tmp_path / "blob"
     blob.write_bytes(b"\xff\x00")
-    code, _, _ = await run(api, capsys, "publish", cid, "--file", str(blob))
+    code, _, _ = await run(api, capsys, "publish", cid, "--file", str(blob),
+                           "--content-type", "image/x-blob")
     assert code == 0
 
     code, out, _ = await run(api, capsys, "replay", cid)
     events = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [e["seq"] for e in events] == [1, 2, 3]
     assert [e["payload_size"] for e in events] == [5, 7, 2]
+    # Read back as published: text as text, JSON as JSON, bytes with the given media type.
+    assert [e["content_type"] for e in events] == [
+        "text/plain; charset=utf-8", "application/json", "image/x-blob"]
+    assert events[0]["text"] == "hello" and events[1]["json"] == {"n": 1}
+    assert "json" not in events[2] and "text" not in events[2]
     code, out, _ = await run(api, capsys, "replay", cid, "--limit", "1", "--since", "0")
     assert code == 0 and len(out.splitlines()) == 1
     # From the network, through a node that never followed the topic (once the author's
@@ -135,3 +141,39 @@ async def test_errors_are_one_line_and_nonzero(apis: list[Api],
     code = await asyncio.to_thread(main, ["peers", "--url", f"http://127.0.0.1:{port}"])
     _, err = capsys.readouterr()
     assert code == 1 and "cannot reach the node" in err and "Traceback" not in err
+
+
+async def test_topic_create_prints_the_cid_alone_when_piped(
+        apis: list[Api], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = await run(apis[0], capsys, "topic", "create", "piped")
+    assert code == 0 and out.count("\n") == 1 and out.startswith("b")  # captured: no TTY
+    code, shown, _ = await run(apis[0], capsys, "topic", "show", out.strip())
+    assert code == 0 and "piped" in shown
+
+
+async def test_doctor_says_what_is_wrong(apis: list[Api],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    api = apis[0]
+    code, out, _ = await run(api, capsys, "doctor")
+    lines = out.splitlines()
+    assert code == 0, out
+    assert [line.split()[:2] for line in lines] == [
+        ["ok", "reachable"], ["ok", "peers"], ["ok", "trees"], ["ok", "token"]]
+    assert str(api.node.peer_id) in lines[0] and "2 DHT contact(s)" in lines[1]
+
+    code, out, _ = await run(api, capsys, "doctor", "--json", token="pct_wrong-token-0000")
+    checks = {f["check"]: f for f in map(json.loads, out.splitlines())}
+    assert code == 1 and checks["token"]["verdict"] == "FAIL"
+    assert "api-token" in checks["token"]["detail"]
+
+    code = await asyncio.to_thread(main, ["doctor", "--url", api.url])  # no token
+    out, _ = capsys.readouterr()
+    assert code == 0 and out.splitlines()[-1].startswith("warn token")
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = await asyncio.to_thread(main, ["doctor", "--url", f"http://127.0.0.1:{port}"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out.startswith("FAIL reachable") and "make run" in out
+    assert "Traceback" not in err

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from api.client import ApiError, Client, PulsarcastClient, payload_of
+from api.client import ApiError, Client, PulsarcastClient, payload_of, payload_value
 from tests.waiting import eventually
 
 from .conftest import Api
@@ -251,6 +251,20 @@ async def test_blocking_facade(apis: list[Api]) -> None:
 
     seqs, payloads, kind = await asyncio.to_thread(script)
     assert seqs == [1, 2, 3] and payloads == [b"m0", b"m1", b"m2"] and kind == "invalid-cid"
+
+
+async def test_payload_value_gives_back_what_was_published(apis: list[Api]) -> None:
+    async with client_for(apis[0]) as client:
+        cid = (await client.create_topic("values"))["cid"]
+        sent: list[object] = [{"service": "api"}, "text", b"\xff\x00", [1, "two"], "{}"]
+        for value in sent:
+            await client.publish(cid, value)
+        await client.publish(cid, b"\x89PNG", content_type="image/png")
+        events = [e async for e in client.history(cid)]
+    assert [payload_value(e) for e in events] == [*sent, b"\x89PNG"]
+    assert events[-1]["content_type"] == "image/png"
+    # A str is text, not a JSON string: "{}" comes back as the two characters.
+    assert events[4]["content_type"].startswith("text/plain")
 
 
 async def test_ndjson_and_live_carry_events_longer_than_aiohttps_default_line(

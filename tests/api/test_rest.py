@@ -265,3 +265,68 @@ async def test_resume_after_unsubscribe_gets_the_rest_then_the_end(apis: list[Ap
         text = (await stream.read()).decode()
     assert re.findall(r"^id: (\d+)$", text, re.M) == ["2", "3"]
     assert text.rstrip().endswith('data: {"reason": "unsubscribed"}')
+
+
+async def test_payloads_come_back_as_they_were_published(apis: list[Api]) -> None:
+    """JSON and text payloads are read back as JSON and text by every reader (publish
+    answer, event, history page, NDJSON, SSE) on another node; bytes stay base64."""
+    author, reader, _ = apis
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "typed"})
+    cid = topic["cid"]
+    await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    sent = [
+        {"json": {"service": "api", "n": [1, 2.5]}},
+        {"text": "héllo"},
+        {"base64": base64.b64encode(b"\0\1").decode()},
+        {"base64": base64.b64encode(b"<b/>").decode(), "content_type": "image/svg+xml"},
+        # A label that does not fit its bytes: read back as base64 only, not an error.
+        {"base64": base64.b64encode(b"{not json").decode(), "content_type": "application/json"},
+        {"json": [1], "content_type": "application/vnd.x+json"},
+    ]
+    want = [
+        ("application/json", {"json": {"service": "api", "n": [1, 2.5]}}),
+        ("text/plain; charset=utf-8", {"text": "héllo"}),
+        (None, {}),
+        ("image/svg+xml", {}),
+        ("application/json", {}),
+        ("application/vnd.x+json", {"json": [1]}),
+    ]
+
+    def typed(event: dict[str, object]) -> tuple[object, dict[str, object]]:
+        return event["content_type"], {k: event[k] for k in ("json", "text") if k in event}
+
+    answers = []
+    for body in sent:
+        status, event = await author.call("POST", f"/v1/topics/{cid}/events", json=body)
+        assert status == 201, event
+        answers.append(event)
+    assert [typed(e) for e in answers] == want
+    assert base64.b64decode(answers[0]["payload"]) == b'{"service":"api","n":[1,2.5]}'
+
+    async def reader_has_all() -> bool:
+        _, subs = await reader.call("GET", "/v1/subscriptions")
+        return subs["subscriptions"][0]["position"] == len(sent)  # type: ignore[index]
+
+    await eventually(reader_has_all, timeout=10)
+    _, page = await reader.call("GET", f"/v1/topics/{cid}/events")
+    assert [typed(e) for e in page["events"]] == want
+    _, one = await reader.call("GET", f"/v1/events/{answers[1]['cid']}")
+    assert typed(one) == want[1]
+    async with reader.http.get(f"{reader.url}/v1/topics/{cid}/events?format=ndjson") as r:
+        lines = (await r.text()).splitlines()
+    assert [typed(json.loads(line)) for line in lines] == want
+    url = f"{reader.url}/v1/topics/{cid}/stream?from=earliest"
+    streamed = []
+    async with reader.http.get(url) as stream:
+        async for raw in stream.content:
+            line = raw.decode()
+            if line.startswith("data: "):
+                streamed.append(typed(json.loads(line[6:])))
+                if len(streamed) == len(sent):
+                    break
+    assert streamed == want
+
+    for bad in ("json", "text/plain; charset", "a/b\nc", 7):
+        status, problem = await author.call(
+            "POST", f"/v1/topics/{cid}/events", json={"text": "x", "content_type": bad})
+        assert status == 400 and problem["type"] == BASE + "invalid-field", problem

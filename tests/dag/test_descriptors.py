@@ -128,6 +128,59 @@ def test_request_to_publish_signatures(topic: TopicDescriptor) -> None:
         )
 
 
+def test_content_type_is_signed_metadata(topic: TopicDescriptor) -> None:
+    event = EventDescriptor.create(BOB, topic.cid, b'{"a":1}', content_type="application/json")
+    assert decode(event.block)["metadata"]["contentType"] == "application/json"
+    assert EventDescriptor.from_block(event.block).content_type == "application/json"
+    # Older events carry no contentType and stay valid.
+    plain = EventDescriptor.create(BOB, topic.cid, b"raw")
+    assert "contentType" not in decode(plain.block)["metadata"]
+    assert EventDescriptor.from_block(plain.block).content_type is None
+
+    def relabel(v: dict[str, Any]) -> None:
+        v["metadata"]["contentType"] = "text/html"
+
+    with pytest.raises(SignatureError):
+        EventDescriptor.from_block(_reencode(event.block, relabel))
+
+
+def test_content_type_of_a_request_to_publish(topic: TopicDescriptor) -> None:
+    kind = "text/plain; charset=utf-8"
+    created, sig = EventDescriptor.sign_content(
+        CAROL, topic.cid, b"hi", content_type=kind, now=NOW
+    )
+    event = EventDescriptor.create(BOB, topic.cid, b"hi", author=CAROL.peer_id,
+                                   created=created, author_signature=sig, content_type=kind)
+    assert EventDescriptor.from_block(event.block).content_type == kind
+    # The author signed the media type: a publisher cannot change it.
+    with pytest.raises(SignatureError, match="author"):
+        EventDescriptor.create(BOB, topic.cid, b"hi", author=CAROL.peer_id, created=created,
+                               author_signature=sig, content_type="text/html")
+
+
+@pytest.mark.parametrize(
+    "bad", ["json", "application/", "/json", "text/plain; charset", "a/b\n", "x/" + "y" * 130,
+            "text/plain;\x00=1"]
+)
+def test_content_type_must_be_a_media_type(topic: TopicDescriptor, bad: str) -> None:
+    with pytest.raises(SchemaError):
+        EventDescriptor.create(BOB, topic.cid, b"x", content_type=bad)
+    good = EventDescriptor.create(BOB, topic.cid, b"x", content_type="application/json")
+
+    def swap(v: dict[str, Any]) -> None:
+        v["metadata"]["contentType"] = bad
+
+    with pytest.raises(SchemaError):
+        EventDescriptor.from_block(_reencode(good.block, swap), verify_signature=False)
+
+
+@pytest.mark.parametrize("good", ["application/json", "text/plain; charset=utf-8",
+                                  'application/vnd.api+json;q="a b"', "image/svg+xml"])
+def test_content_type_accepts_media_types(topic: TopicDescriptor, good: str) -> None:
+    event = EventDescriptor.create(BOB, topic.cid, b"x", content_type=good)
+    assert EventDescriptor.from_block(event.block).content_type == good
+
+
 def test_rights_refused(topic: TopicDescriptor) -> None:
     event = EventDescriptor.create(CAROL, topic.cid, b"not allowed")
     with pytest.raises(InvalidDescriptor, match="may not publish"):

@@ -24,6 +24,7 @@ def test_dag_all_is_pinned() -> None:
             "SignatureError",
             "StoreError",
             "TopicDescriptor",
+            "check_content_type",
             "check_rights",
             "cid_of",
             "cid_of_raw",

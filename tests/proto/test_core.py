@@ -340,10 +340,12 @@ def test_request_to_publish_reaches_an_allowed_node() -> None:
     topic = _topic(author.identity, allowed_publishers=[], request_to_publish=True)
     _subscribe_all(net, topic, nodes)
     requester = next(n for n in nodes[1:] if not n.core.tree(topic.cid).is_root)  # type: ignore[union-attr]
-    request = net.publish(requester, topic.cid, b"please")
+    request = net.publish(requester, topic.cid, b"please", content_type="text/plain")
     net.settle()
     event = requester.published[request]
     assert event.author == requester.peer_id and event.publisher == author.peer_id
+    # The requester's media type travels in the request and is signed by it.
+    assert event.content_type == "text/plain"
     for node in nodes:
         assert _payloads(node, topic.cid) == [b"please"]
 
