@@ -1,7 +1,7 @@
 """The REST API of one node: the aiohttp application and its lifecycle.
 
 ``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`,
-:mod:`api.replay` and :mod:`api.node_info`, and the web page (:mod:`api.web`), behind the
+:mod:`api.replay` and :mod:`api.node_info`, and the web page (:mod:`api.page`), behind the
 problem-document and bearer-token middlewares, with a request body limit, header and body
 read timeouts and connection caps (:class:`api.limits.ServerLimits`). It binds to 127.0.0.1
 unless told otherwise.
@@ -16,7 +16,7 @@ from aiohttp import web
 
 from pulsar import Node
 
-from . import history, node_info, replay, topics, web as page
+from . import history, node_info, page, replay, topics
 from .auth import auth_middleware, load_or_create_token
 from .common import LIMITS_KEY, NODE, json_response
 from .connections import ConnectionGuard, GuardedSite

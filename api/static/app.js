@@ -18,7 +18,8 @@
     topics: new Map(),            // topic CID -> {name, versions, checked}
     subscriptions: new Map(),     // topic CID -> delivery-log position
     previous: null,               // the last metrics reading, for rates
-    uptime: null,
+    started: null,                // when the node's API started (seconds, node's clock)
+    restarted: null,              // when the page last saw the node restart
     live: null,                   // {cid, lastSeq, source, timer}
   };
 
@@ -153,7 +154,8 @@
 
   function rates(now, before) {
     // Counters restart at 0 with the node: a smaller reading is a restart, not a rate.
-    if (!before || now.at <= before.at || now.uptime_s < before.uptime_s) return null;
+    if (!before || now.at <= before.at) return null;
+    if (Math.abs(now.at - now.uptime_s - (before.at - before.uptime_s)) > 0.5) return null;
     const span = now.at - before.at;
     const rate = (a, b) => (a >= b ? (a - b) / span : null);
     return {
@@ -286,15 +288,19 @@
       state.subscriptions = new Map(subs.subscriptions.map((s) => [s.topic, s.position]));
       await learnNames([...new Set([...state.subscriptions.keys(),
         ...trees.trees.map((t) => t.topic)])]);
-      const restarted = state.uptime !== null && health.uptime_s < state.uptime;
-      state.uptime = health.uptime_s;
+      // When the API started, by the node's clock: if that moved, the node restarted.
+      const started = metrics.at - metrics.uptime_s;
+      if (state.started !== null && Math.abs(started - state.started) > 0.5) {
+        state.restarted = new Date().toLocaleTimeString();
+      }
+      state.started = started;
       showNode(node, health);
       showMetrics(metrics);
       showTopics(trees.trees);
       showTrees(trees.trees);
       showPeers(routing);
-      setBadge("status", "live", restarted
-        ? `connected (node restarted ${new Date().toLocaleTimeString()})` : "connected");
+      setBadge("status", "live", state.restarted
+        ? `connected (node restarted at ${state.restarted})` : "connected");
       if (!state.live && state.subscriptions.size > 0) {
         watchTopic($("live-topic").value || state.subscriptions.keys().next().value);
       }
