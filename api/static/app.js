@@ -138,18 +138,19 @@
     $("subscription-count").textContent = String(health.subscriptions);
   }
 
+  // [label, value, detail]: the detail (a rate) is shown under the value, with the label.
   const TILES = [
-    ["deliveries/s", (m, r) => r && r.delivered !== null ? r.delivered.toFixed(1) : "—"],
+    ["deliveries/s", (m, r) => (r && r.delivered !== null ? r.delivered.toFixed(1) : "—")],
     ["delivered", (m) => m.node.delivered],
     ["published", (m) => m.node.published],
     ["backfilled", (m) => m.node.backfilled],
     ["grafts", (m) => m.node.grafts],
     ["prunes", (m) => m.node.prunes],
     ["duplicates", (m) => m.node.duplicates],
-    ["sent", (m, r) => formatBytes(m.transport.bytes_sent) +
-      (r && r.sent !== null ? ` · ${formatBytes(r.sent)}/s` : "")],
-    ["received", (m, r) => formatBytes(m.transport.bytes_received) +
-      (r && r.received !== null ? ` · ${formatBytes(r.received)}/s` : "")],
+    ["bytes sent", (m) => formatBytes(m.transport.bytes_sent),
+      (r) => (r && r.sent !== null ? `${formatBytes(r.sent)}/s` : null)],
+    ["bytes received", (m) => formatBytes(m.transport.bytes_received),
+      (r) => (r && r.received !== null ? `${formatBytes(r.received)}/s` : null)],
   ];
 
   function rates(now, before) {
@@ -168,10 +169,12 @@
   function showMetrics(metrics) {
     const r = rates(metrics, state.previous);
     state.previous = metrics;
-    replaceChildren($("metric-tiles"), TILES.map(([label, value]) => el(
-      "div", { class: "tile", "data-metric": label },
-      el("span", { class: "value" }, value(metrics, r) ?? 0),
-      el("span", { class: "label" }, label))));
+    replaceChildren($("metric-tiles"), TILES.map(([label, value, detail]) => {
+      const extra = detail ? detail(r) : null;
+      return el("div", { class: "tile", "data-metric": label },
+        el("span", { class: "value" }, value(metrics, r) ?? 0),
+        el("span", { class: "label" }, extra ? `${label} · ${extra}` : label));
+    }));
   }
 
   function showPeers(routing) {
@@ -270,10 +273,9 @@
           tree.subscribed ? "subscribed" : "relay"),
         " ", el("span", { class: "badge", "data-state": "idle" }, roleOf(tree))),
       el("dl", {},
-        el("dt", {}, "parents"), el("dd", {}, peerList(tree.parents, tree.rtt)),
-        el("dt", {}, "children"), el("dd", {}, peerList(tree.children, tree.rtt)),
-        el("dt", {}, "lazy"), el("dd", {}, peerList(tree.lazy, tree.rtt)),
-        el("dt", {}, "grafted"), el("dd", {}, peerList(tree.grafted, tree.rtt))))));
+        ...["parents", "children", "lazy", "grafted"].flatMap((role) => [
+          el("dt", {}, role),
+          el("dd", { "data-role": role }, peerList(tree[role], tree.rtt))])))));
   }
 
   // ---------------------------------------------------------------- the refresh loop
