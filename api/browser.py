@@ -53,7 +53,8 @@ def missing() -> str | None:
     if importlib.util.find_spec("playwright") is None:
         return f"Playwright is not installed: {INSTALL_HINT}"
     if chromium_path() is None:
-        return f"no Chromium found (/usr/bin/chromium): {INSTALL_HINT}"
+        where = os.environ.get("PULSARCAST_CHROMIUM") or "/usr/bin/chromium"
+        return f"no Chromium found ({where}): {INSTALL_HINT}"
     return None
 
 
