@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench evaluation sim-evaluation clean
+.PHONY: test run lint bench screenshot evaluation sim-evaluation clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -q -rs; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 run: $(STAMP)
 	$(VENV)/bin/pulsarcast devnet --nodes 5 --data-dir data/devnet --api-base-port 8701
@@ -28,6 +28,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/pulsarcast bench codec
+
+# The picture of the node's web page in docs/ (docs/api.md, "The web page"): a small local
+# network, a few events, headless Chromium (apt-get install chromium). About 10 s.
+screenshot: $(STAMP)
+	$(PY) -m api.screenshot docs/web-page.png
 
 # The testbed's default scenarios, Pulsarcast against Floodsub, and their QoS report
 # (docs/evaluation.md); about 40 minutes on 2 cores.

@@ -1,15 +1,21 @@
-"""The node itself: identity, addresses, routing table, trees, health, Prometheus metrics."""
+"""The node itself: identity, addresses, routing table, trees (with repair links and RTTs),
+health, metrics (Prometheus text, and JSON for the web page)."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from dag import PeerId
 from pulsar import Node
 
 from .common import json_response, node_of, query_int
 from .problems import Problem
+
+if TYPE_CHECKING:
+    from pulsar.proto.tree import TreeView
 
 __all__ = ["routes", "prometheus_text"]
 
@@ -43,16 +49,50 @@ async def routing(request: web.Request) -> web.Response:
     })
 
 
+def _tree_json(node: Node, tree: TreeView, rtts: dict[PeerId, tuple[float, float]]
+               ) -> dict[str, Any]:
+    """One tree as the page and operators read it: the edges, the repair links and the
+    round-trip times of every neighbour in it (``null`` while not measured yet)."""
+    lazy, grafted = node.repair_links(tree.topic)
+    neighbours = tree.parents | tree.children | lazy | grafted
+    rtt: dict[str, dict[str, float] | None] = {}
+    for peer in sorted(neighbours, key=str):
+        sample = rtts.get(peer)
+        rtt[str(peer)] = None if sample is None else {
+            "srtt_ms": round(sample[0] * 1000, 3), "rto_ms": round(sample[1] * 1000, 3)}
+    return {
+        "topic": str(tree.topic),
+        "parents": sorted(str(p) for p in tree.parents),
+        "children": sorted(str(c) for c in tree.children),
+        "lazy": sorted(str(p) for p in lazy),
+        "grafted": sorted(str(p) for p in grafted),
+        "is_root": tree.is_root,
+        "subscribed": tree.subscribed,
+        "attached": tree.attached,
+        "rtt": rtt,
+    }
+
+
 @routes.get("/v1/node/trees")
 async def trees(request: web.Request) -> web.Response:
     node = node_of(request)
+    rtts = node.rtts()
+    return json_response({"trees": [_tree_json(node, t, rtts) for t in node.trees()]})
+
+
+@routes.get("/v1/node/metrics")
+async def metrics_json(request: web.Request) -> web.Response:
+    """The counters of ``/metrics`` as JSON, with the time they were read, so a client
+    (the web page) turns two readings into rates. Counters start at 0 with the node: a
+    reading lower than the last means the node restarted."""
+    node = node_of(request)
     return json_response({
-        "trees": [
-            {"topic": str(t.topic), "parents": sorted(str(p) for p in t.parents),
-             "children": sorted(str(c) for c in t.children), "is_root": t.is_root,
-             "subscribed": t.subscribed}
-            for t in node.trees()
-        ]
+        "at": time.time(),
+        "uptime_s": round(time.time() - request.app[STARTED], 3),
+        "subscriptions": len(node.subscribed()),
+        "node": dict(node.metrics),
+        "transport": node.transport.stats.snapshot(),
+        "dht": dict(node.dht.stats.as_dict()),
     })
 
 
@@ -79,7 +119,8 @@ async def health(request: web.Request) -> web.Response:
 def prometheus_text(node: Node) -> str:
     """Counters of the protocol cores, the DHT and the transport in the text format."""
     lines: list[str] = []
-    families = [("pulsarcast", node.metrics), ("pulsarcast_dht", node.dht.stats.as_dict())]
+    families = [("pulsarcast", node.metrics), ("pulsarcast_dht", node.dht.stats.as_dict()),
+                ("pulsarcast_transport", node.transport.stats.snapshot())]
     for prefix, counters in families:
         for name, value in sorted(counters.items()):
             metric = f"{prefix}_{name.replace('.', '_')}_total"

@@ -19,6 +19,7 @@ from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE
 
 from . import limits
 from .history import SECONDS_PATTERN, SEQ_PATTERN
+from .page import ASSETS
 from .problems import PROBLEM_BASE, PROBLEM_TYPES
 
 __all__ = ["openapi_document"]
@@ -101,6 +102,8 @@ def openapi_document() -> dict[str, Any]:
         },
         "additionalProperties": False,
     }
+    peer_list = {"type": "array", "items": _PEER}
+    counters = {"type": "object", "additionalProperties": {"type": "integer"}}
     schemas: dict[str, Any] = {
         "Problem": {
             "type": "object",
@@ -174,6 +177,35 @@ def openapi_document() -> dict[str, Any]:
         "HistoryPage": {"type": "object", "required": ["topic", "events"], "properties": {
             "topic": _CID, "events": {"type": "array", "items": _ref("Event")},
             "next_cursor": {"type": "string"}}},
+        "Tree": {
+            "type": "object",
+            "required": ["topic", "parents", "children", "lazy", "grafted", "is_root",
+                         "subscribed", "attached", "rtt"],
+            "properties": {
+                "topic": _CID,
+                "parents": peer_list, "children": peer_list,
+                "lazy": {**peer_list, "description": "Plumtree links that only announce"},
+                "grafted": {**peer_list, "description": "links made eager by a GRAFT"},
+                "is_root": {"type": "boolean"}, "subscribed": {"type": "boolean"},
+                "attached": {"type": "boolean"},
+                "rtt": {"type": "object", "description": "peer id -> smoothed RTT and RTO "
+                        "in ms of each neighbour above, null until measured",
+                        "additionalProperties": {"oneOf": [{"type": "null"}, {
+                            "type": "object", "required": ["srtt_ms", "rto_ms"],
+                            "properties": {"srtt_ms": {"type": "number"},
+                                           "rto_ms": {"type": "number"}}}]}},
+            },
+        },
+        "Metrics": {
+            "type": "object",
+            "required": ["at", "uptime_s", "subscriptions", "node", "transport", "dht"],
+            "properties": {
+                "at": {"type": "number", "description": "when read, seconds since the epoch"},
+                "uptime_s": {"type": "number"},
+                "subscriptions": {"type": "integer"},
+                "node": counters, "transport": counters, "dht": counters,
+            },
+        },
     }
     history_params = [
         _PATH_CID,
@@ -255,8 +287,12 @@ def openapi_document() -> dict[str, Any]:
             "200": _json({"type": "object"}, "contacts")},
             params=[_param("k", "query", {"type": "integer", "minimum": 1,
                                           "maximum": limits.ROUTING_K}, "how many")])},
-        "/v1/node/trees": {"get": _op("This node's place in each topic tree", {
-            "200": _json({"type": "object"}, "trees")})},
+        "/v1/node/trees": {"get": _op(
+            "This node's place in each topic tree, its repair links and their RTTs", {
+                "200": _json({"type": "object", "required": ["trees"], "properties": {
+                    "trees": {"type": "array", "items": _ref("Tree")}}}, "trees")})},
+        "/v1/node/metrics": {"get": _op("The counters of /metrics as JSON (for rates)", {
+            "200": _json(_ref("Metrics"), "counters")})},
         "/v1/auth/check": {"post": _op("Check the API token; changes nothing", {
             "204": {"description": "the token is accepted"}}, auth=True)},
         "/v1/health": {"get": _op("Liveness", {"200": _json({"type": "object"}, "ok"),
@@ -264,6 +300,14 @@ def openapi_document() -> dict[str, Any]:
         "/metrics": {"get": _op("Prometheus metrics", {"200": {
             "description": "text format 0.0.4",
             "content": {"text/plain": {"schema": {"type": "string"}}}}})},
+        "/": {"get": _op("The node's web page", {"200": {
+            "description": "HTML (no token needed; its forms send the one the user types)",
+            "content": {"text/html": {"schema": {"type": "string"}}}}})},
+        "/static/{name}": {"get": _op("A file the web page loads", {"200": {
+            "description": "the script or the style sheet",
+            "content": {"text/javascript": {"schema": {"type": "string"}},
+                        "text/css": {"schema": {"type": "string"}}}}},
+            params=[_param("name", "path", {"enum": sorted(ASSETS)}, "file name")])},
         "/v1/openapi.json": {"get": _op("This document", {
             "200": _json({"type": "object"}, "OpenAPI 3.1")})},
     }

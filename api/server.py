@@ -1,9 +1,10 @@
 """The REST API of one node: the aiohttp application and its lifecycle.
 
 ``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`,
-:mod:`api.replay` and :mod:`api.node_info`, behind the problem-document and bearer-token
-middlewares, with a request body limit, header and body read timeouts and connection caps
-(:class:`api.limits.ServerLimits`). It binds to 127.0.0.1 unless told otherwise.
+:mod:`api.replay` and :mod:`api.node_info`, and the web page (:mod:`api.page`), behind the
+problem-document and bearer-token middlewares, with a request body limit, header and body
+read timeouts and connection caps (:class:`api.limits.ServerLimits`). It binds to 127.0.0.1
+unless told otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from aiohttp import web
 
 from pulsar import Node
 
-from . import history, node_info, replay, topics
+from . import history, node_info, page, replay, topics
 from .auth import auth_middleware, load_or_create_token
 from .common import LIMITS_KEY, NODE, json_response
 from .connections import ConnectionGuard, GuardedSite
@@ -43,6 +44,7 @@ def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S
     app.add_routes(history.routes)
     app.add_routes(replay.routes)
     app.add_routes(node_info.routes)
+    app.add_routes(page.routes)
     document = openapi_document()
 
     async def serve_openapi(request: web.Request) -> web.Response:

@@ -270,6 +270,21 @@ class Node:
     def trees(self) -> list[TreeView]:
         return self.core.trees()
 
+    def repair_links(self, topic: CID) -> tuple[frozenset[PeerId], frozenset[PeerId]]:
+        """``(lazy, grafted)`` of ``topic``: the Plumtree links that only announce events,
+        and those a GRAFT made eager on top of the tree's edges. Floodsub has neither."""
+        if isinstance(self.core, FloodCore):
+            return frozenset(), frozenset()
+        lazy = self.core.lazy
+        return frozenset(lazy.lazy(topic)), frozenset(lazy.eager_extra(topic))
+
+    def rtts(self) -> dict[PeerId, tuple[float, float]]:
+        """``peer -> (smoothed RTT, RTO)`` in seconds for every neighbour measured so far
+        (PING/PONG with traffic); empty under floodsub, which does not measure."""
+        if isinstance(self.core, FloodCore):
+            return {}
+        return self.core.rtt.snapshot()
+
     @property
     def stopped(self) -> bool:
         return self._stopped
