@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from .qos_delivery import (
     CDF_GRID,
+    NEVER,
     delivery_figures,
     delivery_pairs,
     first_deliveries,
@@ -25,6 +26,7 @@ from .qos_delivery import (
     publishes,
 )
 from .qos_read import expectations, fold_traces, ordered_topics, parts
+from .qos_routes import first_copies, route_counts
 from .qos_traffic import (
     NodeUse,
     copy_counts,
@@ -34,7 +36,7 @@ from .qos_traffic import (
 )
 from .report_inputs import ProtocolRun, RunInput
 
-__all__ = ["CDF_GRID", "NodeUse", "ProtocolQos", "compute_qos"]
+__all__ = ["CDF_GRID", "NEVER", "NodeUse", "ProtocolQos", "compute_qos"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ class ProtocolQos:
     latency_quantiles: list[float] | None
     """Latency of delivered expected pairs at the quantiles of ``CDF_GRID``; None if none."""
     nodes: list[NodeUse]
+    expected_latency_quantiles: list[float] | None = None
+    """Latency of all expected pairs at ``CDF_GRID``, ``NEVER`` (infinity) for undelivered
+    ones; None if nothing was expected."""
+    reach_quantiles: dict[str, list[float]] | None = None
+    """Per coverage level, each event's time to reach it at ``CDF_GRID`` (``NEVER`` if not)."""
 
 
 def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
@@ -66,6 +73,11 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
         pairs = delivery_pairs(pubs, expectations(spark, runs), delivered).cache()
         cached += [pubs, delivered, pairs]
         deliveries = delivery_figures(pubs, pairs, indices)
+        say("routes of first copies")
+        tail_from = {key: figures.metrics["latency_s"]["p99"]
+                     for key, figures in deliveries.items()
+                     if figures.metrics["latency_s"]["p99"] is not None}
+        routes = route_counts(pairs, first_copies(facts), tail_from)
         say("delivery order")
         violations = order_violations(pubs, delivered, ordered_topics(spark, runs))
         say("payload copies and resource use")
@@ -81,6 +93,8 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
         metrics = _manifest_metrics(part)
         metrics.update(figures.metrics)
         metrics.update(_copy_metrics(copies.get(key), metrics["delivered_pairs"]))
+        metrics["first_copy"] = routes.get(key, {"by_via": {}, "tail_by_via": {},
+                                                 "tail_from_s": None})
         metrics["order_violations"] = violations.get(key, 0)
         metrics["events_without_publish"] = unpublished.get(key, 0)
         metrics.update(_control_metrics(counts.get(key)))
@@ -90,7 +104,9 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
         metrics["records"]["files"] = len(part.trace_files)
         result[(run.label, part.protocol)] = ProtocolQos(
             run=run.label, protocol=part.protocol, metrics=metrics,
-            latency_quantiles=figures.latency_quantiles, nodes=nodes)
+            latency_quantiles=figures.latency_quantiles, nodes=nodes,
+            expected_latency_quantiles=figures.expected_latency_quantiles,
+            reach_quantiles=figures.reach_quantiles)
     return result
 
 

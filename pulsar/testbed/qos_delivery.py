@@ -20,6 +20,7 @@ from .qos_read import KEY
 __all__ = [
     "COVERAGE_LEVELS",
     "CDF_GRID",
+    "NEVER",
     "DeliveryFigures",
     "delivery_figures",
     "delivery_pairs",
@@ -45,12 +46,25 @@ exact ``percentile`` costs time in proportion to the number of quantiles asked (
 1,001-point grid on a 100-node run, against about 1 s for this)."""
 
 
+NEVER = float("inf")
+"""The latency given to an expected pair that was never delivered, and the time to a
+coverage level given to an event that never reached it: so that quantiles taken over *all*
+expected pairs (or events) put the losses at the far end instead of leaving them out."""
+
+
 @dataclass(frozen=True)
 class DeliveryFigures:
-    """Per part: JSON-ready metrics and the latency quantiles at ``CDF_GRID``."""
+    """Per part: JSON-ready metrics and the plot series, quantiles at ``CDF_GRID``."""
 
     metrics: dict[str, Any]
     latency_quantiles: list[float] | None
+    """Over delivered expected pairs only."""
+    expected_latency_quantiles: list[float] | None = None
+    """Over all expected pairs, ``NEVER`` for the undelivered ones: a protocol that misses
+    a share s of its pairs has its top s of quantiles at ``NEVER``."""
+    reach_quantiles: dict[str, list[float]] | None = None
+    """Per coverage level ("50", "90", "100"): the time each event with subscribers took to
+    reach that share of them, ``NEVER`` for events that did not."""
 
 
 def publishes(facts: DataFrame) -> DataFrame:
@@ -100,7 +114,10 @@ def delivery_figures(pubs: DataFrame, pairs: DataFrame,
         metrics["events_published"] = published.get(key, 0)
         metrics.update(_event_metrics(event))
         metrics.update(_subscription_metrics(sub))
-        figures[key] = DeliveryFigures(metrics, quantiles)
+        expected = list(total["expected_quantiles"]) if total else None
+        reach = ({str(level): list(event[f"reach_quantiles_{level}"])
+                  for level in COVERAGE_LEVELS} if event else None)
+        figures[key] = DeliveryFigures(metrics, quantiles, expected, reach)
     return figures
 
 
@@ -144,6 +161,8 @@ def _pair_totals(pairs: DataFrame) -> DataFrame:
         F.count("latency").alias("delivered"),
         F.percentile("latency", list(_PERCENTILES)).alias("percentiles"),
         F.percentile_approx("latency", list(CDF_GRID), _CDF_ACCURACY).alias("quantiles"),
+        F.percentile_approx(F.coalesce("latency", F.lit(NEVER)), list(CDF_GRID),
+                            _CDF_ACCURACY).alias("expected_quantiles"),
         F.max("latency").alias("latency_max"),
         F.mean("latency").alias("latency_mean"),
         F.max("hop").alias("ldh"),
@@ -171,7 +190,9 @@ def _event_totals(pairs: DataFrame) -> DataFrame:
     for level in COVERAGE_LEVELS:
         column = f"reach_{level}"
         aggregates += [F.percentile(column, 0.5).alias(f"median_{level}"),
-                       F.count(column).alias(f"reached_{level}")]
+                       F.count(column).alias(f"reached_{level}"),
+                       F.percentile_approx(F.coalesce(column, F.lit(NEVER)), list(CDF_GRID),
+                                           _CDF_ACCURACY).alias(f"reach_quantiles_{level}")]
     return per_event.groupBy(*KEY).agg(*aggregates)
 
 

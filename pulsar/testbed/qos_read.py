@@ -62,7 +62,7 @@ TRACE_SCHEMA = T.StructType([
 dht_recv_bytes) are not parsed into columns."""
 
 _KINDS_USING = {
-    "node": ("publish", "deliver", "sample"),
+    "node": ("publish", "deliver", "receive", "sample"),
     "topic": ("publish",),
     "parent": ("publish",),
     "event": ("publish", "deliver", "receive", "duplicate"),
@@ -75,8 +75,9 @@ _KINDS_USING = {
     "life": ("sample",),
 }
 """Which record kinds keep which column: the rest is nulled before folding, so that, e.g.,
-all ``send`` records of a protocol fold into one row and the copies of an event into one row
-per record kind and ``msg``, whichever node took them."""
+all ``send`` records of a protocol fold into one row and the duplicates of an event into one
+row per ``msg``, whichever node took them. A ``receive`` keeps its node: it is the first copy
+at that node, and how it came is the route of that node's delivery (:mod:`.qos_routes`)."""
 
 _FACT = ("kind", "node", "event", "msg", "life")
 """The fold's grouping columns besides ``part`` (nulled ones group together)."""
@@ -99,8 +100,9 @@ def fold_traces(spark: SparkSession, runs: Sequence[RunInput]) -> DataFrame:
 
     * ``publish``, ``deliver``: one row per (node, event); ``t`` is the first record's time
       and ``hop``, ``topic``, ``parent`` are that record's.
-    * ``receive``, ``duplicate``: one row per (event, msg), all nodes together; ``records``
-      is the number of copies.
+    * ``receive``: one row per (node, event, msg); ``t`` is the first record's time.
+    * ``duplicate``: one row per (event, msg), all nodes together; ``records`` is the number
+      of copies.
     * ``sample``: one row per (node, life); ``last`` is (sent_bytes, dht_sent_bytes, cpu_s) of
       the life's latest sample and ``rss`` its largest.
     * any other kind, and ``UNREADABLE`` (unusable lines): one row; ``records`` counts them.

@@ -1,9 +1,10 @@
 """``pulsarcast report RUN_DIR...``: the QoS report of testbed runs, computed with PySpark.
 
 Writes, into the output directory, ``summary.json`` (every figure, per run → per protocol →
-metric, plus the job's wall time and record counts), ``report.md`` (tables) and PNG plots
-linked from it. The definitions are in docs/testbed.md, "The QoS report". Input is checked
-before Spark starts, so a wrong path fails in a moment with a ValueError that says why.
+metric, each run's headline, plus the job's wall time and record counts), ``report.md``
+(headlines, the thesis's figures beside ours, tables) and PNG plots linked from it. The
+definitions are in docs/testbed.md, "The QoS report". Input is checked before Spark starts,
+so a wrong path fails in a moment with a ValueError that says why.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .report_headline import headline_facts, headline_sentence
 from .report_inputs import RunInput, load_runs
 
 if TYPE_CHECKING:
@@ -147,6 +149,9 @@ def _run_summary(run: RunInput, parts: Sequence[ProtocolQos],
     numerator, denominator = _COMPARED
     if numerator in protocols and denominator in protocols:
         summary["comparison"] = _comparison(protocols[numerator], protocols[denominator])
+    facts = headline_facts(summary)
+    if facts is not None:
+        summary["headline"] = {**facts, "text": headline_sentence(run.label, facts)}
     return summary
 
 

@@ -58,11 +58,15 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["KINDS", "TraceWriter", "process_resources"]
+__all__ = ["KINDS", "REPAIR_MSGS", "TraceWriter", "process_resources"]
 
 KINDS = frozenset(
     {"publish", "send", "receive", "duplicate", "deliver", "graft", "prune", "backfill", "sample"}
 )
+
+REPAIR_MSGS = ("blocks", "dht")
+"""``msg`` of copies taken by repair (a backfill answer, a DHT fetch) rather than by the
+tree or flood; a graft's answer is an EVENT message and so counts as "event"."""
 
 _FLUSH_EVERY = 1024
 """Records buffered before a write; a crash loses at most this many (plus the cut line)."""

@@ -16,6 +16,7 @@ import pytest
 
 from pulsar.cli import main as cli_main
 from pulsar.testbed.report import MARKDOWN, build_report, default_out_dir, run_report
+from pulsar.testbed.report_headline import TIMES
 from pulsar.testbed.report_inputs import load_runs
 
 from .synthetic import write_run
@@ -287,8 +288,13 @@ def test_markdown_links_existing_plots(known: tuple[Path, dict[str, Any]]) -> No
     assert len(links) == 3
     for link in links:
         assert (path.parent / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| delivery ratio | 0.8667 | 1.0000 | 1.154 |" in markdown
-    assert "floodsub / pulsarcast" in markdown
+    # the ratio column says which way it divides, the next ones which way is better
+    assert "| delivery ratio | higher | 0.8667 | 1.0000 | 1.154 | floodsub |" in markdown
+    assert "| RMR | lower | 0.2308 | 0.2500 | 1.083 | pulsarcast |" in markdown
+    assert "| floodsub ÷ pulsarcast | favours |" in markdown
+    # the headline opens the report; no thesis table for a scenario the thesis did not run
+    assert markdown.splitlines()[2] == "- " + summary["runs"]["known"]["headline"]["text"]
+    assert "## Against the thesis" not in markdown
     assert summary["wall_time_s"] > 0
 
 
@@ -344,3 +350,61 @@ def test_cli_reports_bad_input_with_exit_status_2(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["report", str(tmp_path / "nothing")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_route_of_each_first_copy(pc: dict[str, Any]) -> None:
+    # first copies of the 13 delivered pairs: (4, a3) by BLOCKS, (5, b2) from the DHT, the
+    # other 11 by EVENT. p99 = 0.952 s (above): only (4, a3) at 1.00 s is in the tail
+    assert pc["first_copy"]["by_via"] == {"blocks": 1, "dht": 1, "event": 11}
+    assert pc["first_copy"]["tail_by_via"] == {"blocks": 1}
+    assert pc["first_copy"]["tail_from_s"] == pytest.approx(0.60 + 0.88 * 0.40, abs=1e-6)
+
+
+def test_headline_is_computed_from_the_run(known: tuple[Path, dict[str, Any]]) -> None:
+    headline = known[1]["runs"]["known"]["headline"]
+    assert headline["delivery_ratio"] == {"pulsarcast": pytest.approx(13 / 15),
+                                          "floodsub": 1.0}
+    # bytes: Pulsarcast 950 + 45 = 995, Floodsub's node 0 1,900 + 90 = 1,990
+    assert headline["bytes_vs_baseline"] == {"total": pytest.approx(0.5),
+                                             "pubsub": pytest.approx(0.5),
+                                             "dht": pytest.approx(0.5)}
+    assert headline["tail"] == {"pairs": 1, "by_repair": 1, "repair_share": 1.0,
+                                "from_repair": True}
+    text = headline["text"].replace(TIMES, "x")
+    assert text.startswith("**known**: Pulsarcast delivered 86.67 % of expected pairs vs "
+                           "Floodsub's 100.00 %; cost: 0.50x Floodsub's bytes sent")
+    assert "p50 250 ms, p99 952 ms" in text
+    assert "the p99 is from repairs: 1 of the 1 slowest pairs (100.00 %)" in text
+    assert "headline" not in known[1]["runs"]["known-2"] or \
+        known[1]["runs"]["known-2"]["headline"]["tail"]["pairs"] == 0
+
+
+@pytest.fixture(scope="module")
+def series(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Any]:
+    """The plot series of the known run, which the summary does not hold."""
+    from pulsar.testbed.qos import compute_qos
+
+    root = tmp_path_factory.mktemp("series")
+    return compute_qos(spark, load_runs([_known_run(root)]))
+
+
+def test_a_missing_delivery_counts_as_never(series: dict[tuple[str, str], Any]) -> None:
+    from pulsar.testbed.qos import CDF_GRID, NEVER
+    from pulsar.testbed.report_plots import cdf_points
+
+    pc = series[("known", "pulsarcast")]
+    # 15 expected pairs, 2 never delivered: the top 2/15 of the quantiles are NEVER, and
+    # the curve drawn from them stops at 13/15 instead of reaching 1
+    expected = dict(zip(CDF_GRID, pc.expected_latency_quantiles, strict=True))
+    assert all(value < NEVER for q, value in expected.items() if q <= 0.86)
+    assert all(value == NEVER for q, value in expected.items() if q >= 0.87)
+    assert max(v for v in expected.values() if v < NEVER) == pytest.approx(1.0)
+    xs, ys = cdf_points(pc.expected_latency_quantiles)
+    assert max(ys) <= 13 / 15 and max(xs) == pytest.approx(1.0)
+    # the delivered-only series reaches 1 with the same slowest delivery
+    assert pc.latency_quantiles[-1] == pytest.approx(1.0)
+    # events at 100 % of their subscribers: a1 0.4 s, b2 0.6 s, a3 1.0 s; a2 and b1 never.
+    # Quantile q is the value at rank ceil(q * 5) of the 5 events
+    reach = dict(zip(CDF_GRID, pc.reach_quantiles["100"], strict=True))
+    assert (reach[0.2], reach[0.4], reach[0.6]) == pytest.approx((0.4, 0.6, 1.0))
+    assert all(value == NEVER for q, value in reach.items() if q >= 0.61)
