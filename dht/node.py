@@ -62,7 +62,7 @@ class DhtNode:
         self._owns_store = owns_store
         self._config = config
         self._storage = server.storage
-        self._cache = NeighbourhoodCache(config.neighbourhood_ttl, config.ksize)
+        self._cache = NeighbourhoodCache(config.neighbourhood_ttl, config.replication)
         self._replicator = Replicator(self._protocol, config, server.stats, self._cache)
         self._maintainer = Maintainer(self._protocol, self._storage, self._replicator, config,
                                       server.stats)

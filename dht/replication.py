@@ -279,12 +279,15 @@ class Replicator:
 
     async def replicate(self, key: bytes, value: bytes, quorum: int | None = None
                         ) -> Replicated:
-        """Store at the ``replication`` closest nodes (found by a lookup that converges on
-        the k closest, so the nearest of those are live ones). With ``quorum``, return as
-        soon as that many acknowledged (Kafka's ``acks``): the other stores go on in the
-        background, counted in ``stats.background_acks`` / ``background_stores``."""
+        """Store at the ``replication`` closest nodes, found by a lookup that converges on
+        exactly that many live nodes: a Kademlia crawl ends by querying every one of the
+        closest ``ksize`` it has seen, so converging on k = 20 to store at 8 queried ~2.5x
+        the nodes, and FIND_NODE answers were the largest share of the DHT's bytes (12 of
+        23 MiB in the 100-node baseline). With ``quorum``, return as soon as that many
+        acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
+        in ``stats.background_acks`` / ``background_stores``."""
         config = self._config
-        found = await find_closest(self._protocol, key, ksize=config.ksize,
+        found = await find_closest(self._protocol, key, ksize=config.replication,
                                    alpha=config.alpha, stats=self._stats, cache=self._cache)
         targets = found[: config.replication]
         if quorum is None:

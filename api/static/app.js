@@ -73,6 +73,16 @@
     return d > 0 ? `${d}d ${pad(h)}h ${pad(m)}m` : `${h}h ${pad(m)}m ${pad(s)}s`;
   }
 
+  // A payload as it was published: JSON as compact JSON, text as text (the API adds those
+  // fields when the event's signed content_type says so), else the bytes as UTF-8 if
+  // they decode, or their size.
+  function showPayload(event) {
+    if ("json" in event) return JSON.stringify(event.json);
+    if ("text" in event) return event.text;
+    const shown = decodePayload(event.payload);
+    return event.content_type ? `${shown} [${event.content_type}]` : shown;
+  }
+
   function decodePayload(base64) {
     const binary = atob(base64);
     const bytes = Uint8Array.from(binary, (c) => c.charCodeAt(0));
@@ -321,7 +331,7 @@
       ? new Date(event.delivered_at * 1000).toLocaleTimeString() : "";
     rows.prepend(el("tr", { "data-seq": seq },
       el("td", {}, seq), el("td", {}, delivered), idCell(event.cid),
-      idCell(event.publisher), el("td", { class: "payload" }, decodePayload(event.payload))));
+      idCell(event.publisher), el("td", { class: "payload" }, showPayload(event))));
     while (rows.children.length > MAX_ROWS) rows.lastElementChild.remove();
   }
 
