@@ -45,6 +45,11 @@ class DhtConfig:
     republish_interval: float = 3600.0
     """A held record is pushed to the k closest nodes this often (unless someone else just
     stored it here, which counts as a republish)."""
+    returning_window: float = 3600.0
+    """A contact that went silent and is back under the same id within this many seconds
+    restarted with its store and gets no hand-off (see ``PulsarProtocol._returning``); at
+    most ``republish_interval``, after which what it missed has been republished to it
+    anyway. 0 hands off to every returning contact."""
     record_ttl: float = 86400.0
     """A record not stored here by anyone for this long is dropped, unless this node is still
     among the k closest for it (then it keeps and refreshes it)."""

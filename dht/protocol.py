@@ -41,6 +41,7 @@ import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,8 @@ Address = tuple[str, int]
 
 _MAX_SILENT = 10_000
 """Quarantined addresses remembered at most (a flood of dead contacts stays bounded)."""
+_DEPARTED_MEMORY = 10_000
+"""Contacts remembered as recently gone (to recognise a restart), at most."""
 
 _UNVALIDATED_OK = frozenset({"ping"})
 """Requests answered before the sender's address is proven: a PING's answer (43 bytes) is smaller
@@ -146,6 +149,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         byte quota (``DhtNode`` then asks the transport to prove who it is)."""
         self._pending: dict[bytes, _Pending] = {}
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
+        self._departed: OrderedDict[bytes, float] = OrderedDict()  # id -> when removed
         self._batching: set[Address] = set()  # addresses that have answered a STORE_BATCH
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -423,9 +427,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if result[0]:
             self.welcome_if_new(node)
         elif not self._closed:
-            self._throttle.log(logging.INFO, "silent", time.monotonic(),
+            now = time.monotonic()
+            self._throttle.log(logging.INFO, "silent", now,
                                "no response from %s, removing it from the routing table", node)
             self.router.remove_contact(node)
+            self._departed[node.id] = now
+            self._departed.move_to_end(node.id)
+            while len(self._departed) > _DEPARTED_MEMORY:
+                self._departed.popitem(last=False)
         return result
 
     # -- handlers -------------------------------------------------------------------------
@@ -439,7 +448,22 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         new = self.router.is_new_node(node)
         self.router.add_contact(node)
         if new and self.on_new_contact is not None:
-            self.on_new_contact(node)
+            if self._returning(node.id):
+                self.stats.returns_without_handoff += 1
+            else:
+                self.on_new_contact(node)
+
+    def _returning(self, node_id: bytes) -> bool:
+        """Whether ``node_id`` is a contact that went silent less than a republish interval
+        ago. Such a node restarted (a node's Kademlia id is its identity's, kept on disk
+        with its record store), so it still holds what it held; a hand-off would resend
+        every record it is close to (under churn that was the largest share of the DHT's
+        bytes). What was stored while it was away is at the other replicas, which serve
+        gets, and reaches it with the hourly republish. A node away for longer, or never
+        seen, gets the hand-off as Kademlia prescribes."""
+        gone_at = self._departed.pop(node_id, None)
+        window = min(self.config.returning_window, self.config.republish_interval)
+        return gone_at is not None and time.monotonic() - gone_at < window
 
     def _sender(self, sender: Address, node_id: bytes) -> Node:
         """The node a request comes from. It joins the routing table only if its address

@@ -48,6 +48,9 @@ class DhtStats:
     """UDP payload bytes of every datagram received, dropped ones included."""
     handed_off: int = 0
     """Records pushed to newly met nodes that are closer to them than we are."""
+    returns_without_handoff: int = 0
+    """Contacts that went silent and came back under the same id within the republish
+    interval: restarted nodes that kept their store, so no hand-off was sent."""
     background_stores: int = 0
     """Puts that returned at their write quorum while other replicas were still storing."""
     background_acks: int = 0

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from dag.cid import cid_of
+from dag import Identity
 from dht import DhtConfig, dht_key
 from tests.waiting import eventually
 
@@ -87,3 +88,31 @@ async def test_a_new_node_is_handed_the_records_it_should_hold(network: Network)
     keys = [dht_key(r.cid) for r in results]
     await eventually(lambda: first.stats.handed_off == 30)
     assert all(newcomer.records.get(k) is not None for k in keys)
+
+
+@pytest.mark.parametrize("away_long", [False, True])
+async def test_a_restarted_node_is_not_handed_what_it_kept(network: Network,
+                                                           away_long: bool) -> None:
+    """A contact that went silent and comes back under the same id within the republish
+    interval restarted with its store: no hand-off. Away longer, it is handed off again."""
+    config = DhtConfig(ksize=2, rpc_timeout=0.5, get_timeout=5.0, maintenance_interval=3600,
+                       silent_for=0, returning_window=0.0 if away_long else HOUR)
+    first = await network.add(config=config)
+    results = await first.put_many([b"\x50" + os.urandom(16) for _ in range(20)])
+    identity = Identity.generate()
+    newcomer = await network.add(identity=identity, name="returning", config=config)
+    await eventually(lambda: first.stats.handed_off == 20)
+    await network.stop(newcomer)
+    # A put to the stopped node times out: it is dropped from the routing table.
+    await first.put_many([b"\x51" + os.urandom(16)])
+    assert first.stats.returns_without_handoff == 0
+    back = await network.add(identity=identity, name="returning", config=config)
+    keys = [dht_key(r.cid) for r in results]
+    assert all(back.records.get(k) is not None for k in keys)  # kept on disk
+    if away_long:  # handed every record again (stores that change nothing are not acked)
+        await eventually(lambda: back.stats.stores_accepted >= 20)
+    else:
+        await eventually(lambda: first.stats.returns_without_handoff == 1)
+        await first.put_many([b"\x52" + os.urandom(16)])  # the contact is live again ...
+        await eventually(lambda: back.stats.stores_accepted >= 1)
+        assert back.stats.stores_accepted == 1  # ... and got that put, no hand-off
