@@ -50,10 +50,12 @@ _WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "checkpoint
 _SPELLING: Final = {name.lower(): name for name in (
     "endpoint", "token", "requestTimeout", "topic", "topics", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxEventsPerTrigger",
-    "maxEventsPerPartition", "minPartitions", "subscribe", "maxInFlight", "publishRetries",
+    "maxEventsPerPartition", "minPartitions", "subscribe", "historyFormat", "maxInFlight",
+    "publishRetries",
     "checkpointLocation")}
 
 Subscribe = Literal["no", "yes", "replay"]
+HistoryFormat = Literal["blocks", "ndjson"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class ReadOptions:
     max_events_per_partition: int
     min_partitions: int
     subscribe: Subscribe
+    history_format: HistoryFormat = "blocks"
+    """How tasks read the log: the node's stored blocks, decoded in the workers (fast), or
+    its NDJSON (for nodes older than the bulk format)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,10 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
     if mode != "no" and endpoint.token is None:
         raise PulsarcastSparkError("MISSING_OPTION", "subscribe needs the node's API 'token' "
                                    "(subscribing changes the node's state)")
+    history_format = (_get(options, "historyFormat") or "blocks").strip().lower()
+    if history_format not in ("blocks", "ndjson"):
+        raise PulsarcastSparkError("INVALID_OPTION", "historyFormat must be blocks (the "
+                                   "default) or ndjson")
     return ReadOptions(
         endpoint=endpoint,
         topics=topics,
@@ -225,6 +234,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
                                       DEFAULT_EVENTS_PER_PARTITION, 1, 10**9) or 1,
         min_partitions=_int(options, "minPartitions", 1, 1, 10_000) or 1,
         subscribe=mode,
+        history_format=history_format,  # type: ignore[arg-type]
     )
 
 

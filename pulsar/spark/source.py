@@ -75,7 +75,7 @@ def _read(options: ReadOptions, partition: InputPartition) -> Iterator[pa.Record
         from .rest import read_range
 
         yield from read_range(options.endpoint, partition.topic, partition.start,
-                              partition.end)
+                              partition.end, options.history_format)
 
 
 def _check_schema(schema: StructType) -> None:
