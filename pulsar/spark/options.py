@@ -44,15 +44,14 @@ _COMMON: Final = {"endpoint", "token", "requesttimeout"}
 _READ: Final = _COMMON | {
     "topic", "topics", "startingoffsets", "endingoffsets", "startingtimestamp",
     "endingtimestamp", "maxeventspertrigger", "maxeventsperpartition", "minpartitions",
-    "subscribe",
+    "subscribe", "historyformat",
 }
 _WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "checkpointlocation"}
 _SPELLING: Final = {name.lower(): name for name in (
     "endpoint", "token", "requestTimeout", "topic", "topics", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxEventsPerTrigger",
     "maxEventsPerPartition", "minPartitions", "subscribe", "historyFormat", "maxInFlight",
-    "publishRetries",
-    "checkpointLocation")}
+    "publishRetries", "checkpointLocation")}
 
 Subscribe = Literal["no", "yes", "replay"]
 HistoryFormat = Literal["blocks", "ndjson"]
