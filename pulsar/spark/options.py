@@ -53,7 +53,9 @@ _SPELLING: Final = {name.lower(): name for name in (
     "maxEventsPerPartition", "minPartitions", "subscribe", "historyFormat", "maxInFlight",
     "publishRetries", "checkpointLocation")}
 
-Subscribe = Literal["no", "yes", "replay"]
+Subscribe = Literal["unset", "no", "yes", "replay"]
+"""``subscribe`` as given; ``unset`` (the default) refuses a topic the node does not follow,
+``no`` (``subscribe=false``) lets a batch read take whatever the node's log holds."""
 HistoryFormat = Literal["blocks", "ndjson"]
 
 
@@ -205,14 +207,12 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
     if per_trigger is not None and streaming is False:
         raise PulsarcastSparkError("INVALID_OPTION", "maxEventsPerTrigger is for streaming "
                                    "reads")
-    subscribe = (_get(options, "subscribe") or "false").strip().lower()
-    if subscribe not in ("false", "true", "replay"):
+    subscribe = (_get(options, "subscribe") or "").strip().lower()
+    if subscribe not in ("", "false", "true", "replay"):
         raise PulsarcastSparkError("INVALID_OPTION", "subscribe must be false, true or replay")
-    if subscribe != "false" and streaming is False:
-        raise PulsarcastSparkError("INVALID_OPTION", "subscribe is for streaming reads (a "
-                                   "batch read reads the log the node already has)")
-    mode: Subscribe = {"false": "no", "true": "yes", "replay": "replay"}[subscribe]  # type: ignore[assignment]
-    if mode != "no" and endpoint.token is None:
+    mode: Subscribe = {"": "unset", "false": "no", "true": "yes",  # type: ignore[assignment]
+                       "replay": "replay"}[subscribe]
+    if mode in ("yes", "replay") and endpoint.token is None:
         raise PulsarcastSparkError("MISSING_OPTION", "subscribe needs the node's API 'token' "
                                    "(subscribing changes the node's state)")
     history_format = (_get(options, "historyFormat") or "blocks").strip().lower()

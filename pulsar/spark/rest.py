@@ -51,7 +51,6 @@ BATCH_RECORDS: Final = 4096
 """Bulk-format records decoded into one record batch (~2.5 MB of 256-byte payloads)."""
 FETCH_CONCURRENCY: Final = 8
 """Chunk-tree payloads asked of the node at a time."""
-IDLE_TIMEOUT_S: Final = 60.0
 
 _PROBLEM_CODES: Final = {
     "topic-not-found": "TOPIC_NOT_FOUND",
@@ -78,6 +77,11 @@ def translate(exc: BaseException, endpoint: Endpoint, doing: str) -> PulsarcastS
     if isinstance(exc, aiohttp.ClientResponseError):  # 5xx on a stream, a bad content type
         return PulsarcastSparkError("NODE_ERROR", f"{doing}: the node at {endpoint.url} "
                                     f"answered {exc.status} {exc.message}")
+    if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
+        return PulsarcastSparkError(
+            "TIMEOUT", f"{doing}: the node at {endpoint.url} did not answer within "
+            f"{endpoint.timeout:g} s; raise the option requestTimeout (seconds, now "
+            f"{endpoint.timeout:g}) if it is busy rather than down")
     if isinstance(exc, UNREACHABLE_ERRORS):
         return PulsarcastSparkError("UNREACHABLE", f"{doing}: cannot reach the node's REST "
                                     f"API at {endpoint.url}: {type(exc).__name__}: {exc}")
@@ -223,6 +227,34 @@ class NodeApi:
         self._call(f"subscribing the node to {topic}",
                    lambda c: c.subscribe(topic, replay=replay))
 
+    def check_token(self) -> None:
+        """``UNAUTHORIZED`` now, at planning, if the node refuses the token. Every call
+        that changes state checks the token before anything else (``api.auth``), so a
+        subscription PUT for a name that is no CID answers 401 for a wrong token and 400
+        for a right one, and changes nothing either way."""
+        async def probe(client: PulsarcastClient) -> None:
+            try:
+                await client.subscribe("token-check")
+            except ApiError as exc:
+                if exc.status == 401:
+                    raise
+                return
+            raise ValueError("the node accepted a subscription to no topic")
+
+        self._call("checking the API token", probe)
+
+    def takes_parent(self, topic: str) -> bool:
+        """Whether the topic's events name their parent (CUSTOM linking, newest version)."""
+        doing = f"reading the settings of topic {topic}"
+        versions = self._call(doing, lambda c: c.topic_versions(topic))
+
+        def parse() -> bool:
+            if not isinstance(versions, list) or not versions:
+                raise ValueError("no versions")
+            return _json_object(versions[-1], "topic").get("event_linking") == "CUSTOM"
+
+        return self._checked(parse, doing)
+
     def position_before(self, topic: str, event: str) -> int:
         doing = f"finding event {event} in the log of {topic}"
         page = self._call(doing, lambda c: c.history_page(
@@ -236,8 +268,8 @@ class NodeApi:
         return seq or None
 
 
-async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limit: int
-                         ) -> AsyncIterator[bytes]:
+async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limit: int,
+                         idle_timeout: float) -> AsyncIterator[bytes]:
     """The NDJSON history after ``cursor`` in blocks of whole lines, about
     :data:`BLOCK_BYTES` each. This one call does not go through
     :meth:`PulsarcastClient.history_ndjson`, which parses each line into a dict: the rows
@@ -245,7 +277,7 @@ async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limi
     session, URL and problem parsing are still the ones used."""
     url = f"{client.base_url}/v1/topics/{quote(topic, safe='')}/events"
     params = {"cursor": str(cursor), "limit": str(limit), "format": "ndjson"}
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=IDLE_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
     async with client.session.get(url, params=params, timeout=timeout,
                                   headers={"Accept": "application/x-ndjson"}) as response:
         if response.status >= 400:
@@ -376,7 +408,8 @@ def _read_range_ndjson(endpoint: Endpoint, topic: str, start: int, end: int
     try:
         try:
             runner = _Loop(endpoint)
-            blocks = _ndjson_blocks(runner.client, topic, start - 1, end - start)
+            blocks = _ndjson_blocks(runner.client, topic, start - 1, end - start,
+                                    endpoint.timeout)
         except Exception as exc:
             raise translate(exc, endpoint, doing) from None
         previous = start - 1
