@@ -99,7 +99,7 @@ class _Publisher:
         (a DataFrame read from another topic, copied as it is) is ignored for them."""
         for topic in topics - set(self.custom):
             versions = await self.client.topic_versions(topic)
-            linking = versions[-1].get("event_linking") if versions else None
+            linking = versions[0].get("event_linking") if versions else None  # newest first
             if type(linking) is not str:
                 raise ValueError(f"topic {topic} came without its event_linking")
             self.custom[topic] = linking == "CUSTOM"

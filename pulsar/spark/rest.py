@@ -244,14 +244,15 @@ class NodeApi:
         self._call("checking the API token", probe)
 
     def takes_parent(self, topic: str) -> bool:
-        """Whether the topic's events name their parent (CUSTOM linking, newest version)."""
+        """Whether the topic's events name their parent (CUSTOM linking, in the newest version:
+        the versions come newest first)."""
         doing = f"reading the settings of topic {topic}"
         versions = self._call(doing, lambda c: c.topic_versions(topic))
 
         def parse() -> bool:
             if not isinstance(versions, list) or not versions:
                 raise ValueError("no versions")
-            return _json_object(versions[-1], "topic").get("event_linking") == "CUSTOM"
+            return _json_object(versions[0], "topic").get("event_linking") == "CUSTOM"
 
         return self._checked(parse, doing)
 
