@@ -21,6 +21,7 @@ from pulsar import LogEntry, Node
 
 from .common import MAX_PAGE, node_of, query_choice, query_int, topic_of
 from .limits import PAGE_BYTES, SEQ_DIGITS
+from .logblocks import MAGIC, MEDIA_TYPE, encode_record
 from .problems import Problem
 from .topics import event_view
 from .views import parse_cid
@@ -36,6 +37,9 @@ NDJSON = "application/x-ndjson"
 _MAX_SEQ = 2**62  # beyond any position; an exclusive upper bound
 READ_BATCH = 100
 """Log entries read at a time by a stream (descriptors only; payloads are read per event)."""
+BLOCKS_READ_BATCH = 1000
+"""Log rows read at a time for ``format=blocks``: no parsing, so a larger page costs the
+loop ~1 ms (measured: ~1 us per row for SQLite and the record)."""
 WRITE_CHUNK = 64 * 1024
 """A stream hands its output to the connection in pieces of about this size; each write
 waits while the connection's send buffer is over its high-water mark, so a reader that
@@ -104,15 +108,18 @@ async def _entry_json(node: Node, entry: LogEntry) -> dict[str, Any]:
 @routes.get("/v1/topics/{cid}/events")
 async def history(request: web.Request) -> web.StreamResponse:
     """``cursor`` (exclusive), ``since``/``until`` (times), ``limit``, ``direction``; JSON
-    pages with ``next_cursor`` while more remain, or NDJSON of any length."""
+    pages with ``next_cursor`` while more remain, or NDJSON or bulk blocks of any length."""
     node, topic = await _root(request)
     q = request.query
     direction = query_choice(request, "direction", ("forward", "backward"), "forward")
-    form = query_choice(request, "format", ("json", "ndjson"), "json")
-    ndjson = form == "ndjson" or (
-        "format" not in q and NDJSON in request.headers.get("Accept", ""))
-    limit = query_int(request, "limit", None if ndjson else 100, 1,
-                      _MAX_SEQ if ndjson else MAX_PAGE)
+    form = query_choice(request, "format", ("json", "ndjson", "blocks"), "json")
+    if "format" not in q:
+        accept = request.headers.get("Accept", "")
+        form = "ndjson" if NDJSON in accept else "blocks" if MEDIA_TYPE in accept else form
+    ndjson = form == "ndjson"
+    streamed = form != "json"
+    limit = query_int(request, "limit", None if streamed else 100, 1,
+                      _MAX_SEQ if streamed else MAX_PAGE)
     low = 0  # exclusive bounds on seq
     high = _MAX_SEQ
     if "since" in q:
@@ -128,6 +135,8 @@ async def history(request: web.Request) -> web.StreamResponse:
     backward = direction == "backward"
     if ndjson:
         return await _ndjson(request, node, topic.cid, low, high, limit, backward)
+    if streamed:
+        return await _blocks(request, node, topic.cid, low, high, limit, backward)
     assert limit is not None
     entries = node.log_entries(topic.cid, after=low, before=high, limit=limit + 1,
                                descending=backward)
@@ -198,6 +207,39 @@ async def _ndjson_lines(response: web.StreamResponse, node: Node, topic: CID, lo
         if remaining is not None:
             remaining -= len(entries)
     await out.flush()
+
+
+async def _blocks(request: web.Request, node: Node, topic: CID, low: int, high: int,
+                  limit: int | None, backward: bool) -> web.StreamResponse:
+    """The range in the bulk format of :mod:`api.logblocks`: stored blocks copied into
+    length-prefixed records, nothing parsed or turned into text on the node."""
+    response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPE})
+    await response.prepare(request)
+    out = ChunkedWriter(response)
+    remaining = limit
+    try:
+        await out.add(MAGIC)
+        while remaining is None or remaining > 0:
+            size = BLOCKS_READ_BATCH if remaining is None else min(BLOCKS_READ_BATCH,
+                                                                   remaining)
+            rows = node.log_blocks(topic, after=low, before=high, limit=size,
+                                   descending=backward)
+            if not rows:
+                break
+            records = [encode_record(seq, at, cid.raw, block)
+                       for seq, cid, at, block in rows if block is not None]
+            await out.add(b"".join(records))
+            if backward:
+                high = rows[-1][0]
+            else:
+                low = rows[-1][0]
+            if remaining is not None:
+                remaining -= len(records)  # pruned positions are skipped, not counted
+        await out.flush()
+    except ConnectionError:  # the client went away: nothing to finish, nothing to log
+        return response
+    await response.write_eof()
+    return response
 
 
 def _start_position(node: Node, topic: CID, request: web.Request) -> int:

@@ -218,8 +218,10 @@ def openapi_document() -> dict[str, Any]:
                f"page size (default 100); a page also stops at {limits.PAGE_BYTES} bytes "
                "of events"),
         _param("direction", "query", {"enum": ["forward", "backward"]}, "paging direction"),
-        _param("format", "query", {"enum": ["json", "ndjson"]},
-               "ndjson streams the whole range as JSON lines"),
+        _param("format", "query", {"enum": ["json", "ndjson", "blocks"]},
+               "ndjson streams the whole range as JSON lines; blocks streams the stored "
+               "event blocks as length-prefixed binary records "
+               "(application/vnd.pulsarcast.log-blocks, see docs/api.md)"),
     ]
     event = _json(_ref("Event"), "an event")
     topic = _json(_ref("Topic"), "a topic version")
@@ -239,9 +241,11 @@ def openapi_document() -> dict[str, Any]:
             "post": _op("Publish an event", {"201": event}, params=[_PATH_CID],
                         body=_ref("PublishRequest"), auth=True),
             "get": _op("History from the delivery log", {
-                "200": {"description": "a page, or NDJSON",
+                "200": {"description": "a page, NDJSON, or the bulk format",
                         "content": {"application/json": {"schema": _ref("HistoryPage")},
-                                    "application/x-ndjson": {"schema": _ref("Event")}}}},
+                                    "application/x-ndjson": {"schema": _ref("Event")},
+                                    "application/vnd.pulsarcast.log-blocks": {
+                                        "schema": {"type": "string", "format": "binary"}}}}},
                 params=history_params),
         },
         "/v1/topics/{cid}/stream": {"get": _op("Live events as Server-Sent Events", {

@@ -489,6 +489,25 @@ class Node:
             entries.append(LogEntry(seq, event, delivered_at))
         return entries
 
+    def log_blocks(
+        self,
+        topic_cid: CID,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        limit: int = 1000,
+        descending: bool = False,
+    ) -> list[tuple[int, CID, float, bytes | None]]:
+        """:meth:`log_entries` without parsing: ``(seq, event CID, delivered_at, block)``
+        as stored (the block None where the operator pruned it), for bulk readers that
+        decode the blocks themselves (the REST API's ``format=blocks``). Parsing every
+        block again was most of the cost of serving a history (profiled), and the reader
+        has to check what it receives anyway."""
+        self._flush()
+        return self.store.log_blocks(
+            topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
+        )
+
     def log_position(self, topic_cid: CID, value: CID | int | float | None) -> int:
         """A cursor for ``value`` (an event CID in the log, a sequence number, or a
         timestamp: the last position delivered before it); 0 for None."""

@@ -20,6 +20,7 @@ CODES: Final = frozenset({
     "INVALID_COLUMN",      # a writer input column is missing or of the wrong type
     "INVALID_ROW",         # a row cannot be published (null payload, no topic)
     "UNREACHABLE",         # the node's REST API does not answer
+    "TIMEOUT",             # a call to the node took longer than requestTimeout
     "TOPIC_NOT_FOUND",     # the node knows no such topic
     "EVENT_NOT_FOUND",     # an event CID given as an offset is not in the node's log
     "NOT_SUBSCRIBED",      # a stream of a topic the node does not follow

@@ -45,6 +45,18 @@ MAX_OFFSETS_TEXT: Final = 64 * 1024
 """Longest JSON offsets option accepted (a few hundred topics)."""
 _KAFKA_EARLIEST: Final = -2
 _KAFKA_LATEST: Final = -1
+OFFSET_FORMS: Final = (
+    "an offset is earliest, latest, a log position (1, 2, ...: the first position read), the "
+    "CID of an event in the node's log, or a JSON object mapping topic CIDs to any of those "
+    '(-2 for earliest, -1 for latest), e.g. {"bafyrei...": 5}')
+"""Said by every error about an offset, so the fix is in the message (Kafka users arrive
+with Kafka's partition-keyed JSON)."""
+MIN_MILLIS: Final = 10**11
+"""A bare-integer timestamp below this (3 March 1973 in milliseconds) is taken for seconds
+and refused: nothing in a pulsarcast log is that old, and ``1700000000`` read as
+milliseconds would silently select everything."""
+MAX_MILLIS: Final = 10**14
+"""Above this (year 5138 in milliseconds) a bare integer is taken for microseconds."""
 
 
 @dataclass(frozen=True)
@@ -111,30 +123,35 @@ def normalise_cid(value: str, what: str) -> str:
                                    f"({exc})") from None
 
 
+def _invalid(message: str) -> PulsarcastSparkError:
+    return PulsarcastSparkError("INVALID_OPTION", f"{message}; {OFFSET_FORMS}")
+
+
 def _bound_of(value: Any, option: str, *, in_json: bool) -> Bound:
     if isinstance(value, bool):
-        raise PulsarcastSparkError("INVALID_OPTION", f"{option}: {value!r} is not an offset")
+        raise _invalid(f"{option}: {value!r} is not an offset")
     if isinstance(value, int):
         if in_json and value == _KAFKA_EARLIEST:
             return EARLIEST
         if in_json and value == _KAFKA_LATEST:
             return LATEST
         if value < 1:
-            raise PulsarcastSparkError(
-                "INVALID_OPTION", f"{option}: log positions start at 1, got {value}"
-                + (" (-2 means earliest, -1 latest)" if in_json else ""))
+            raise _invalid(f"{option}: log positions start at 1, got {value}")
         return Bound("position", value)
     if not isinstance(value, str):
-        raise PulsarcastSparkError("INVALID_OPTION", f"{option}: {value!r} is not an offset")
+        raise _invalid(f"{option}: {value!r} is not an offset")
     text = value.strip()
     lowered = text.lower()
     if lowered in ("earliest", "latest"):
         return EARLIEST if lowered == "earliest" else LATEST
     if text.lstrip("-").isdigit():
         if len(text) > 19:
-            raise PulsarcastSparkError("INVALID_OPTION", f"{option}: {text} is out of range")
+            raise _invalid(f"{option}: {text} is out of range")
         return _bound_of(int(text), option, in_json=in_json)
-    return Bound("event", normalise_cid(text, option))
+    try:
+        return Bound("event", normalise_cid(text, option))
+    except PulsarcastSparkError as exc:
+        raise _invalid(exc.detail) from None
 
 
 def parse_offsets(text: str, option: str, topics: Sequence[str], default: Bound) -> OffsetsSpec:
@@ -142,44 +159,59 @@ def parse_offsets(text: str, option: str, topics: Sequence[str], default: Bound)
     CIDs to any of those (-2 and -1 meaning earliest and latest, as in Kafka's JSON)."""
     text = text.strip()
     if not text:
-        raise PulsarcastSparkError("INVALID_OPTION", f"{option} is empty")
+        raise _invalid(f"{option} is empty")
     if not text.startswith("{"):
         return OffsetsSpec(_bound_of(text, option, in_json=False))
     if len(text) > MAX_OFFSETS_TEXT:
-        raise PulsarcastSparkError("INVALID_OPTION", f"{option} is longer than "
-                                   f"{MAX_OFFSETS_TEXT} characters")
+        raise _invalid(f"{option} is longer than {MAX_OFFSETS_TEXT} characters")
     try:
         parsed = json.loads(text)
     except ValueError as exc:
-        raise PulsarcastSparkError("INVALID_OPTION", f"{option} is not valid JSON: "
-                                   f"{exc}") from None
+        raise _invalid(f"{option} is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
-        raise PulsarcastSparkError("INVALID_OPTION", f"{option} must be a JSON object")
+        raise _invalid(f"{option} must be a JSON object")
     per_topic = []
     for key, value in parsed.items():
-        cid = normalise_cid(key, f"{option} key")
+        if isinstance(value, dict):  # Kafka's {"topic": {"0": 23}}: no partitions here
+            raise _invalid(f"{option}[{key}]: a topic has one log, not partitions, so its "
+                           "offset is a single value, not an object")
+        try:
+            cid = normalise_cid(key, f"{option} key")
+        except PulsarcastSparkError as exc:
+            raise _invalid(f"{exc.detail} (keys are topic CIDs)") from None
         if cid not in topics:
-            raise PulsarcastSparkError(
-                "INVALID_OPTION", f"{option} names {cid}, which is not among the topics read "
-                f"({', '.join(topics)})")
+            raise _invalid(f"{option} names {cid}, which is not among the topics read "
+                           f"({', '.join(topics)})")
         per_topic.append((cid, _bound_of(value, f"{option}[{cid}]", in_json=True)))
     return OffsetsSpec(default, tuple(per_topic))
 
 
 def parse_timestamp(text: str, option: str) -> float:
     """Seconds since the epoch. A bare integer is **milliseconds**, as Kafka's
-    ``startingTimestamp`` is; anything else must be an RFC 3339 date-time with a zone."""
+    ``startingTimestamp`` is; one that can only be seconds (or microseconds) is refused
+    with the value to use instead. Anything else must be an RFC 3339 date-time with a
+    zone."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         if len(text) > 16:
             raise PulsarcastSparkError("INVALID_OPTION", f"{option} {text} is out of range")
-        return int(text) / 1000.0
+        millis = int(text)
+        if 0 < millis < MIN_MILLIS:
+            raise PulsarcastSparkError(
+                "INVALID_OPTION", f"{option} {text} looks like seconds since the epoch, but a "
+                f"bare integer is milliseconds (as in Kafka): use {millis * 1000} for that "
+                "second, or an RFC 3339 date-time such as 2026-01-31T12:00:00Z")
+        if millis >= MAX_MILLIS:
+            raise PulsarcastSparkError(
+                "INVALID_OPTION", f"{option} {text} looks like microseconds since the epoch, "
+                f"but a bare integer is milliseconds (as in Kafka): use {millis // 1000}")
+        return millis / 1000.0
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise PulsarcastSparkError(
-            "INVALID_OPTION", f"{option} must be milliseconds since the epoch (as in Kafka) "
-            f"or an RFC 3339 date-time, got {text!r}") from None
+            "INVALID_OPTION", f"{option} must be milliseconds since the epoch (as in Kafka, "
+            f"e.g. 1767225600000) or an RFC 3339 date-time, got {text!r}") from None
     if moment.tzinfo is None:
         raise PulsarcastSparkError("INVALID_OPTION", f"{option} needs a time zone (e.g. Z)")
     return moment.timestamp()

@@ -44,16 +44,19 @@ _COMMON: Final = {"endpoint", "token", "requesttimeout"}
 _READ: Final = _COMMON | {
     "topic", "topics", "startingoffsets", "endingoffsets", "startingtimestamp",
     "endingtimestamp", "maxeventspertrigger", "maxeventsperpartition", "minpartitions",
-    "subscribe",
+    "subscribe", "historyformat",
 }
 _WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "checkpointlocation"}
 _SPELLING: Final = {name.lower(): name for name in (
     "endpoint", "token", "requestTimeout", "topic", "topics", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxEventsPerTrigger",
-    "maxEventsPerPartition", "minPartitions", "subscribe", "maxInFlight", "publishRetries",
-    "checkpointLocation")}
+    "maxEventsPerPartition", "minPartitions", "subscribe", "historyFormat", "maxInFlight",
+    "publishRetries", "checkpointLocation")}
 
-Subscribe = Literal["no", "yes", "replay"]
+Subscribe = Literal["unset", "no", "yes", "replay"]
+"""``subscribe`` as given; ``unset`` (the default) refuses a topic the node does not follow,
+``no`` (``subscribe=false``) lets a batch read take whatever the node's log holds."""
+HistoryFormat = Literal["blocks", "ndjson"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class ReadOptions:
     max_events_per_partition: int
     min_partitions: int
     subscribe: Subscribe
+    history_format: HistoryFormat = "blocks"
+    """How tasks read the log: the node's stored blocks, decoded in the workers (fast), or
+    its NDJSON (for nodes older than the bulk format)."""
 
 
 @dataclass(frozen=True)
@@ -201,16 +207,18 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
     if per_trigger is not None and streaming is False:
         raise PulsarcastSparkError("INVALID_OPTION", "maxEventsPerTrigger is for streaming "
                                    "reads")
-    subscribe = (_get(options, "subscribe") or "false").strip().lower()
-    if subscribe not in ("false", "true", "replay"):
+    subscribe = (_get(options, "subscribe") or "").strip().lower()
+    if subscribe not in ("", "false", "true", "replay"):
         raise PulsarcastSparkError("INVALID_OPTION", "subscribe must be false, true or replay")
-    if subscribe != "false" and streaming is False:
-        raise PulsarcastSparkError("INVALID_OPTION", "subscribe is for streaming reads (a "
-                                   "batch read reads the log the node already has)")
-    mode: Subscribe = {"false": "no", "true": "yes", "replay": "replay"}[subscribe]  # type: ignore[assignment]
-    if mode != "no" and endpoint.token is None:
+    mode: Subscribe = {"": "unset", "false": "no", "true": "yes",  # type: ignore[assignment]
+                       "replay": "replay"}[subscribe]
+    if mode in ("yes", "replay") and endpoint.token is None:
         raise PulsarcastSparkError("MISSING_OPTION", "subscribe needs the node's API 'token' "
                                    "(subscribing changes the node's state)")
+    history_format = (_get(options, "historyFormat") or "blocks").strip().lower()
+    if history_format not in ("blocks", "ndjson"):
+        raise PulsarcastSparkError("INVALID_OPTION", "historyFormat must be blocks (the "
+                                   "default) or ndjson")
     return ReadOptions(
         endpoint=endpoint,
         topics=topics,
@@ -225,6 +233,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
                                       DEFAULT_EVENTS_PER_PARTITION, 1, 10**9) or 1,
         min_partitions=_int(options, "minPartitions", 1, 1, 10_000) or 1,
         subscribe=mode,
+        history_format=history_format,  # type: ignore[arg-type]
     )
 
 

@@ -8,9 +8,9 @@ process pays for every import, and the client's was most of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -22,7 +22,7 @@ from .options import WriteOptions
 from .rest import UNREACHABLE_ERRORS, open_client, translate
 from .writer import PublishedEvents
 
-__all__ = ["publish_batches"]
+__all__ = ["publish_batches", "publish_task"]
 
 RETRY_BACKOFF_S: Final = 0.2
 
@@ -37,14 +37,27 @@ class _Row:
     parent: str | None
 
 
-def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None) -> list[_Row]:
+def payload_column(names: list[str]) -> str:
+    """``payload``, or Kafka's ``value`` when there is no ``payload`` (the writer refuses
+    a DataFrame with both when the write is planned)."""
+    return "payload" if "payload" in names else "value"
+
+
+def _topics(batch: pa.RecordBatch, topic_option: str | None) -> list[Any] | None:
+    if topic_option is not None:
+        return None
+    return batch.column(batch.schema.names.index("topic")).to_pylist()
+
+
+def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None,
+          takes_parent: Callable[[str], bool]) -> list[_Row]:
     """The rows of one Arrow batch; the ``topic`` option, when given, wins over the column
-    (Kafka's rule), and a row that cannot be published stops the task before any request
-    for it is made."""
+    (Kafka's rule), a ``parent`` is kept only for topics whose events name their parent
+    (``takes_parent``: CUSTOM linking), and a row that cannot be published stops the task
+    before any request for it is made."""
     names = batch.schema.names
-    payloads = batch.column(names.index("payload")).to_pylist()
-    topics = (batch.column(names.index("topic")).to_pylist()
-              if topic_option is None else None)
+    payloads = batch.column(names.index(payload_column(names))).to_pylist()
+    topics = _topics(batch, topic_option)
     parents = (batch.column(names.index("parent")).to_pylist()
                if "parent" in names else None)
     rows = []
@@ -57,7 +70,8 @@ def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None) -> list[_
         if not topic:
             raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has no "
                                        "topic (null 'topic' column and no 'topic' option)")
-        rows.append(_Row(index, topic, payload, None if parents is None else parents[i]))
+        parent = None if parents is None or not takes_parent(topic) else parents[i]
+        rows.append(_Row(index, topic, payload, parent))
     return rows
 
 
@@ -77,6 +91,18 @@ class _Publisher:
         self.options = options
         self.published: dict[int, tuple[str, str]] = {}
         self.failure: tuple[_Row, BaseException] | None = None
+        self.custom: dict[str, bool] = {}
+
+    async def learn_linking(self, topics: set[str]) -> None:
+        """Whether each topic's events name their parent (CUSTOM, in its newest version):
+        other topics link events themselves and refuse a ``parent``, so a ``parent`` column
+        (a DataFrame read from another topic, copied as it is) is ignored for them."""
+        for topic in topics - set(self.custom):
+            versions = await self.client.topic_versions(topic)
+            linking = versions[0].get("event_linking") if versions else None  # newest first
+            if type(linking) is not str:
+                raise ValueError(f"topic {topic} came without its event_linking")
+            self.custom[topic] = linking == "CUSTOM"
 
     async def _one(self, row: _Row) -> None:
         attempt = 0
@@ -113,7 +139,21 @@ class _Publisher:
 
 def publish_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]
                     ) -> PublishedEvents:
-    """Publish every row of one task; the commit message lists what was published."""
+    """Publish every row of one task; the commit message lists what was published, and a
+    failure is raised (:func:`publish_task` returns it instead)."""
+    message = publish_task(options, batches)
+    if message.error is not None:
+        raise PulsarcastSparkError(message.error_code or "PUBLISH_FAILED", message.error)
+    return message
+
+
+def publish_task(options: WriteOptions, batches: Iterator[pa.RecordBatch]
+                 ) -> PublishedEvents:
+    """One writer task. A failure does not fail the task: it comes back in the commit
+    message with what the task had published, and the driver's commit raises it. Spark
+    gives a failed task's message to nobody, so that is the only way ``abort`` can count
+    every event the write published (and Spark does not retry the task: a retry would
+    publish its rows again)."""
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else -1
     attempt = context.attemptNumber() if context is not None else 0
@@ -121,12 +161,29 @@ def publish_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]
     loop = asyncio.new_event_loop()
     client: PulsarcastClient | None = None
     publisher: _Publisher | None = None
+
+    def result(error: PulsarcastSparkError | None = None) -> PublishedEvents:
+        done = {} if publisher is None else publisher.published
+        order = sorted(done)
+        return PublishedEvents(partition, attempt, [done[i][0] for i in order],
+                               [done[i][1] for i in order],
+                               None if error is None else error.detail,
+                               None if error is None else error.code)
+
     try:
         client = loop.run_until_complete(open_client(options.endpoint))
         publisher = _Publisher(client, options)
         first = 0
         for batch in batches:
-            rows = _rows(batch, first, options.topic)
+            if "parent" in batch.schema.names:
+                topics = _topics(batch, options.topic)
+                wanted = {options.topic} if topics is None else {t for t in topics if t}
+                try:
+                    loop.run_until_complete(publisher.learn_linking(wanted))  # type: ignore[arg-type]
+                except Exception as exc:
+                    raise translate(exc, options.endpoint, "reading the topic's settings"
+                                    ) from None
+            rows = _rows(batch, first, options.topic, publisher.custom.__getitem__)
             first += batch.num_rows
             loop.run_until_complete(publisher.run(rows))
             if publisher.failure is not None:
@@ -135,23 +192,17 @@ def publish_batches(options: WriteOptions, batches: Iterator[pa.RecordBatch]
                 raise PulsarcastSparkError(
                     "PUBLISH_FAILED", f"{where}: row {row.index} could not be published: "
                     f"{cause.detail}; this task had published {len(publisher.published)} "
-                    "event(s) before it stopped, and a retry publishes all its rows again "
-                    "(at-least-once)")
-        order = sorted(publisher.published)
-        return PublishedEvents(partition, attempt,
-                               [publisher.published[i][0] for i in order],
-                               [publisher.published[i][1] for i in order])
+                    "event(s) before it stopped (they stay in the topic)")
+        return result()
     except PulsarcastSparkError as exc:
-        if exc.code == "PUBLISH_FAILED" or publisher is None:
-            raise
+        if exc.code == "PUBLISH_FAILED":
+            return result(exc)
         done = 0 if publisher is None else len(publisher.published)
-        raise PulsarcastSparkError(exc.code, f"{where}: {exc.detail} ({done} event(s) of this "
-                                   "task were published before)") from None
+        return result(PulsarcastSparkError(exc.code, f"{where}: {exc.detail} ({done} "
+                                           "event(s) of this task were published before)"))
     except Exception as exc:
-        raise translate(exc, options.endpoint, where) from None
+        return result(translate(exc, options.endpoint, where))
     finally:
         if client is not None:
             loop.run_until_complete(client.session.close())
         loop.close()
-
-

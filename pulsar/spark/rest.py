@@ -25,6 +25,7 @@ import pyarrow as pa
 from aiohttp.http_exceptions import HttpProcessingError
 
 from api.client import ApiError, PulsarcastClient
+from api.logblocks import MEDIA_TYPE, LogRecord, RecordReader
 
 from .errors import PulsarcastSparkError
 from .options import Endpoint
@@ -46,7 +47,10 @@ MAX_LINE_BYTES: Final = 4 * 1024 * 1024
 1.4 MB as base64) fits with room to spare, and a runaway line stops here."""
 BLOCK_BYTES: Final = 2 * 1024 * 1024
 """NDJSON bytes parsed into one record batch (~2,800 events of 256-byte payloads)."""
-IDLE_TIMEOUT_S: Final = 60.0
+BATCH_RECORDS: Final = 4096
+"""Bulk-format records decoded into one record batch (~2.5 MB of 256-byte payloads)."""
+FETCH_CONCURRENCY: Final = 8
+"""Chunk-tree payloads asked of the node at a time."""
 
 _PROBLEM_CODES: Final = {
     "topic-not-found": "TOPIC_NOT_FOUND",
@@ -73,6 +77,11 @@ def translate(exc: BaseException, endpoint: Endpoint, doing: str) -> PulsarcastS
     if isinstance(exc, aiohttp.ClientResponseError):  # 5xx on a stream, a bad content type
         return PulsarcastSparkError("NODE_ERROR", f"{doing}: the node at {endpoint.url} "
                                     f"answered {exc.status} {exc.message}")
+    if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
+        return PulsarcastSparkError(
+            "TIMEOUT", f"{doing}: the node at {endpoint.url} did not answer within "
+            f"{endpoint.timeout:g} s; raise the option requestTimeout (seconds, now "
+            f"{endpoint.timeout:g}) if it is busy rather than down")
     if isinstance(exc, UNREACHABLE_ERRORS):
         return PulsarcastSparkError("UNREACHABLE", f"{doing}: cannot reach the node's REST "
                                     f"API at {endpoint.url}: {type(exc).__name__}: {exc}")
@@ -218,6 +227,35 @@ class NodeApi:
         self._call(f"subscribing the node to {topic}",
                    lambda c: c.subscribe(topic, replay=replay))
 
+    def check_token(self) -> None:
+        """``UNAUTHORIZED`` now, at planning, if the node refuses the token. Every call
+        that changes state checks the token before anything else (``api.auth``), so a
+        subscription PUT for a name that is no CID answers 401 for a wrong token and 400
+        for a right one, and changes nothing either way."""
+        async def probe(client: PulsarcastClient) -> None:
+            try:
+                await client.subscribe("token-check")
+            except ApiError as exc:
+                if exc.status == 401:
+                    raise
+                return
+            raise ValueError("the node accepted a subscription to no topic")
+
+        self._call("checking the API token", probe)
+
+    def takes_parent(self, topic: str) -> bool:
+        """Whether the topic's events name their parent (CUSTOM linking, in the newest version:
+        the versions come newest first)."""
+        doing = f"reading the settings of topic {topic}"
+        versions = self._call(doing, lambda c: c.topic_versions(topic))
+
+        def parse() -> bool:
+            if not isinstance(versions, list) or not versions:
+                raise ValueError("no versions")
+            return _json_object(versions[0], "topic").get("event_linking") == "CUSTOM"
+
+        return self._checked(parse, doing)
+
     def position_before(self, topic: str, event: str) -> int:
         doing = f"finding event {event} in the log of {topic}"
         page = self._call(doing, lambda c: c.history_page(
@@ -231,8 +269,8 @@ class NodeApi:
         return seq or None
 
 
-async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limit: int
-                         ) -> AsyncIterator[bytes]:
+async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limit: int,
+                         idle_timeout: float) -> AsyncIterator[bytes]:
     """The NDJSON history after ``cursor`` in blocks of whole lines, about
     :data:`BLOCK_BYTES` each. This one call does not go through
     :meth:`PulsarcastClient.history_ndjson`, which parses each line into a dict: the rows
@@ -240,7 +278,7 @@ async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limi
     session, URL and problem parsing are still the ones used."""
     url = f"{client.base_url}/v1/topics/{quote(topic, safe='')}/events"
     params = {"cursor": str(cursor), "limit": str(limit), "format": "ndjson"}
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=IDLE_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
     async with client.session.get(url, params=params, timeout=timeout,
                                   headers={"Accept": "application/x-ndjson"}) as response:
         if response.status >= 400:
@@ -263,21 +301,116 @@ async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limi
             yield bytes(pending) + b"\n"
 
 
-def read_range(endpoint: Endpoint, topic: str, start: int, end: int
-               ) -> Iterator[pa.RecordBatch]:
+async def _record_chunks(client: PulsarcastClient, topic: str, cursor: int, limit: int,
+                         idle_timeout: float) -> AsyncIterator[list[LogRecord]]:
+    """The bulk history after ``cursor`` (:mod:`api.logblocks`), in lists of about
+    :data:`BATCH_RECORDS` records."""
+    url = f"{client.base_url}/v1/topics/{quote(topic, safe='')}/events"
+    params = {"cursor": str(cursor), "limit": str(limit), "format": "blocks"}
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
+    async with client.session.get(url, params=params, timeout=timeout,
+                                  headers={"Accept": MEDIA_TYPE}) as response:
+        if response.status >= 400:
+            raise await ApiError.from_response(response)
+        if response.content_type != MEDIA_TYPE:
+            raise ValueError(f"the node answered {response.content_type}, not the bulk "
+                             "history format (set historyFormat=ndjson for older nodes)")
+        reader = RecordReader()
+        pending: list[LogRecord] = []
+        async for chunk in response.content.iter_any():
+            pending += reader.feed(chunk)
+            if len(pending) >= BATCH_RECORDS:
+                yield pending
+                pending = []
+        reader.finish()
+        if pending:
+            yield pending
+
+
+async def _payloads(client: PulsarcastClient, cids: list[str]) -> dict[str, bytes]:
+    """Payloads kept in chunk trees, reassembled (and verified) by the node."""
+    import base64
+
+    out: dict[str, bytes] = {}
+    queue = iter(cids)
+
+    async def worker() -> None:
+        for cid in queue:
+            event = _json_object(await client.get_event(cid), "event")
+            text = event.get("payload")
+            if type(text) is not str:
+                raise ValueError(f"event {cid} came without its payload")
+            out[cid] = base64.b64decode(text, validate=True)
+
+    await asyncio.gather(*(worker() for _ in range(FETCH_CONCURRENCY)))
+    return out
+
+
+def read_range(endpoint: Endpoint, topic: str, start: int, end: int,
+               history_format: str = "blocks") -> Iterator[pa.RecordBatch]:
     """Positions ``start <= seq < end`` of the log of ``topic`` as record batches, from one
-    NDJSON response (``cursor=start-1``, ``limit=end-start``: positions whose event was
-    pruned are skipped by the node, so the limit can only over-reach, and whatever lies at
-    or beyond ``end`` is dropped, and the response closed)."""
+    response in ``history_format`` (``cursor=start-1``, ``limit=end-start``: positions
+    whose event was pruned are skipped by the node, so the limit can only over-reach, and
+    whatever lies at or beyond ``end`` is dropped, and the response closed)."""
     if end <= start:
         return
+    if history_format == "ndjson":
+        yield from _read_range_ndjson(endpoint, topic, start, end)
+        return
+    from .blocks import parse_records  # the data model's parser, for this format only
+
+    doing = f"reading positions {start}..{end - 1} of {topic}"
+    runner: _Loop | None = None
+    chunks: AsyncIterator[list[LogRecord]] | None = None
+    try:
+        try:
+            runner = _Loop(endpoint)
+            chunks = _record_chunks(runner.client, topic, start - 1, end - start,
+                                    endpoint.timeout)
+        except Exception as exc:
+            raise translate(exc, endpoint, doing) from None
+        loop = runner
+
+        def fetch(cids: Any) -> dict[str, bytes]:
+            try:
+                return loop.run(_payloads(loop.client, list(cids)))
+            except Exception as exc:
+                raise translate(exc, endpoint, f"{doing}: fetching large payloads") from None
+
+        previous = start - 1
+        while True:
+            try:
+                records = runner.run(anext(chunks, None))
+            except Exception as exc:
+                raise translate(exc, endpoint, doing) from None
+            if records is None:
+                return
+            parsed = parse_records(records, topic, previous, end, fetch)
+            previous = parsed.last_seq
+            if parsed.batch is not None:
+                yield parsed.batch
+            if parsed.reached_end:
+                return
+    finally:
+        if runner is not None:
+            if chunks is not None:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    runner.run(aclose())
+            runner.close()
+
+
+def _read_range_ndjson(endpoint: Endpoint, topic: str, start: int, end: int
+                       ) -> Iterator[pa.RecordBatch]:
+    """:func:`read_range` from the node's NDJSON history (``historyFormat=ndjson``)."""
     doing = f"reading positions {start}..{end - 1} of {topic}"
     runner: _Loop | None = None
     blocks: AsyncIterator[bytes] | None = None
     try:
         try:
             runner = _Loop(endpoint)
-            blocks = _ndjson_blocks(runner.client, topic, start - 1, end - start)
+            blocks = _ndjson_blocks(runner.client, topic, start - 1, end - start,
+                                    endpoint.timeout)
         except Exception as exc:
             raise translate(exc, endpoint, doing) from None
         previous = start - 1

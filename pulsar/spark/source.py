@@ -75,13 +75,39 @@ def _read(options: ReadOptions, partition: InputPartition) -> Iterator[pa.Record
         from .rest import read_range
 
         yield from read_range(options.endpoint, partition.topic, partition.start,
-                              partition.end)
+                              partition.end, options.history_format)
 
 
 def _check_schema(schema: StructType) -> None:
     if schema != SCHEMA:
         raise PulsarcastSparkError("INVALID_OPTION", "the pulsarcast source has a fixed "
                                    f"schema ({SCHEMA.simpleString()}); do not pass .schema()")
+
+
+def _followed(options: ReadOptions, api: NodeApi, topics: list[tuple[str, str, int]],
+              *, streaming: bool) -> list[tuple[str, str, int]]:
+    """Check that the node follows every topic, or subscribe it (option ``subscribe``): a
+    node's log holds only what it delivered while it followed a topic, and only grows while
+    it does, so reading a topic it does not follow silently gives 0 rows (or a stale
+    part). ``subscribe=false`` on a batch read takes the log as it is. Returns the topics
+    with their newest positions, read again after subscribing."""
+    followed = api.subscribed()
+    missing = [(given, root) for given, root, _ in topics if root not in followed]
+    if not missing or (options.subscribe == "no" and not streaming):
+        return topics
+    if options.subscribe in ("unset", "no"):
+        given, root = missing[0]
+        last = next(last for g, _, last in topics if g == given)
+        other = ("" if streaming else " or subscribe=false to read only what this node's log "
+                 f"already holds ({last} position(s))")
+        raise PulsarcastSparkError(
+            "NOT_SUBSCRIBED", f"the node at {options.endpoint.url} does not follow topic "
+            f"{given}, so its log of it {'would not grow' if streaming else 'may be empty'}: "
+            f"subscribe it (PUT /v1/subscriptions/{given}?replay=true) or set option "
+            f"subscribe=replay (with the token) to have the reader do it{other}")
+    for _, root in missing:
+        api.subscribe(root, replay=options.subscribe == "replay")
+    return _roots(options, api)
 
 
 def _roots(options: ReadOptions, api: NodeApi) -> list[tuple[str, str, int]]:
@@ -109,7 +135,8 @@ class BatchReader(DataSourceReader):
         api = NodeApi(self.options.endpoint)
         try:
             ranges = []
-            for given, root, last in _roots(self.options, api):
+            for given, root, last in _followed(self.options, api, _roots(self.options, api),
+                                               streaming=False):
                 start = resolve_bound(starting_bound(self.options, given, root), root, last,
                                       api, "startingOffsets")
                 end = resolve_bound(ending_bound(self.options, given, root), root, last, api,
@@ -161,19 +188,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Topics resolved once per query, subscription checked (or made, with
         ``subscribe``): a node's log only grows for topics it follows."""
         if self._topics is None:
-            topics = _roots(self.options, self.api)
-            followed = self.api.subscribed()
-            for given, root, _ in topics:
-                if root in followed:
-                    continue
-                if self.options.subscribe == "no":
-                    raise PulsarcastSparkError(
-                        "NOT_SUBSCRIBED", f"the node at {self.options.endpoint.url} does not "
-                        f"follow topic {given}, so its log would not grow: subscribe it "
-                        f"(PUT /v1/subscriptions/{given}) or set option subscribe=true "
-                        "(or replay)")
-                self.api.subscribe(root, replay=self.options.subscribe == "replay")
-            self._topics = topics
+            self._topics = _followed(self.options, self.api,
+                                     _roots(self.options, self.api), streaming=True)
         return self._topics
 
     def _latest(self) -> dict[str, int]:

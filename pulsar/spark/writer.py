@@ -34,25 +34,34 @@ log = logging.getLogger("pulsar.spark")
 
 @dataclass
 class PublishedEvents(WriterCommitMessage):
-    """What one task published: ``cids[i]`` went to ``topics[i]``, in row order."""
+    """What one task published: ``cids[i]`` went to ``topics[i]``, in row order; and, if
+    it stopped on a failure, the error (which the driver's commit raises)."""
 
     partition: int
     attempt: int
     topics: list[str] = field(default_factory=list)
     cids: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_code: str | None = None
 
 
 def check_columns(schema: StructType, options: WriteOptions) -> None:
-    """``payload`` (binary or string) is required; ``topic`` is required unless the option
-    is given; ``parent`` (string) is optional; other columns are ignored, so a DataFrame
-    read from a topic can be written as it is."""
+    """``payload`` (binary or string; or ``value``, as Kafka's sink calls it) is required;
+    ``topic`` is required unless the option is given; ``parent`` (string) is optional and
+    used only for CUSTOM topics; other columns are ignored, so a DataFrame read from a
+    topic — or shaped for Kafka — can be written as it is."""
     fields = {f.name: f.dataType for f in schema.fields}
-    payload = fields.get("payload")
+    if "payload" in fields and "value" in fields:
+        raise PulsarcastSparkError("INVALID_COLUMN", "the rows have both 'payload' and "
+                                   "'value' (its Kafka name): drop one of them")
+    name = "payload" if "payload" in fields else "value"
+    payload = fields.get(name)
     if payload is None:
         raise PulsarcastSparkError("INVALID_COLUMN", "the rows need a 'payload' column "
-                                   f"(binary or string); they have {', '.join(fields)}")
+                                   "(binary or string; 'value' is taken as its alias); they "
+                                   f"have {', '.join(fields)}")
     if not isinstance(payload, BinaryType | StringType):
-        raise PulsarcastSparkError("INVALID_COLUMN", "'payload' must be binary or string, "
+        raise PulsarcastSparkError("INVALID_COLUMN", f"'{name}' must be binary or string, "
                                    f"not {payload.simpleString()}")
     for name in ("topic", "parent"):
         if name in fields and not isinstance(fields[name], StringType):
@@ -63,22 +72,46 @@ def check_columns(schema: StructType, options: WriteOptions) -> None:
                                    "or a 'topic' column (the option wins when both are there)")
 
 
-def _check_topic(options: WriteOptions) -> None:
-    """An unknown topic or an unreachable node fails the query when it is planned, not in
-    every task."""
+def _check_node(options: WriteOptions, schema: StructType) -> None:
+    """A wrong token, an unknown topic or an unreachable node fails the query when it is
+    planned, not in every task after some rows were published; a ``parent`` column that
+    the topic will not take is said once here (the tasks drop it)."""
     from .rest import NodeApi  # the HTTP client, only where a call is made
 
-    if options.topic is not None:
-        api = NodeApi(options.endpoint)
-        try:
+    api = NodeApi(options.endpoint)
+    try:
+        api.check_token()
+        if options.topic is not None:
             api.topic_root(options.topic)
-        finally:
-            api.close()
+            if "parent" in schema.fieldNames() and not api.takes_parent(options.topic):
+                log.warning("topic %s links its events itself (event_linking is not "
+                            "CUSTOM): the 'parent' column is ignored", options.topic)
+    finally:
+        api.close()
 
 
-def _summary(messages: list[Any]) -> tuple[int, int]:
+def _summary(messages: list[Any]) -> tuple[int, int, int]:
+    """Tasks that reported, events they published (failed tasks included), tasks that
+    reported nothing (failed outside the publishing, e.g. killed)."""
     done = [m for m in messages if isinstance(m, PublishedEvents)]
-    return len(done), sum(len(m.cids) for m in done)
+    return len(done), sum(len(m.cids) for m in done), len(messages) - len(done)
+
+
+def _raise_failures(messages: list[Any]) -> None:
+    failed = [m for m in messages if isinstance(m, PublishedEvents) and m.error is not None]
+    if failed:
+        first = failed[0]
+        more = f" ({len(failed)} tasks failed)" if len(failed) > 1 else ""
+        raise PulsarcastSparkError(first.error_code or "PUBLISH_FAILED",
+                                   f"{first.error}{more}")
+
+
+def _aborted(messages: list[Any]) -> str:
+    tasks, events, silent = _summary(messages)
+    unknown = (f"; {silent} task(s) stopped without reporting and may have published more"
+               if silent else "")
+    return (f"{tasks} task(s) had already published {events} event(s){unknown}; published "
+            "events stay in the topic")
 
 
 class _Publishing:
@@ -87,26 +120,25 @@ class _Publishing:
 
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         check_columns(schema, options)
-        _check_topic(options)
+        _check_node(options, schema)
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PublishedEvents:
-        from .publish import publish_batches
+        from .publish import publish_task
 
-        return publish_batches(self.options, iterator)
+        return publish_task(self.options, iterator)
 
 
 class BatchWriter(_Publishing, DataSourceArrowWriter):
     """``df.write.format("pulsarcast").mode("append")``: rows arrive as Arrow batches."""
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        tasks, events = _summary(list(messages))
+        _raise_failures(list(messages))  # Spark then calls abort with the same messages
+        tasks, events, _ = _summary(list(messages))
         log.info("pulsarcast write committed: %d task(s) published %d event(s)", tasks, events)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        tasks, events = _summary(list(messages))
-        log.warning("pulsarcast write aborted: %d task(s) had already published %d event(s); "
-                    "published events stay in the topic", tasks, events)
+        log.warning("pulsarcast write aborted: %s", _aborted(list(messages)))
 
 
 class StreamWriter(_Publishing, DataSourceStreamArrowWriter):
@@ -115,12 +147,12 @@ class StreamWriter(_Publishing, DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
                batchId: int) -> None:
-        tasks, events = _summary(list(messages))
+        _raise_failures(list(messages))
+        tasks, events, _ = _summary(list(messages))
         log.info("pulsarcast micro-batch %d committed: %d task(s) published %d event(s)",
                  batchId, tasks, events)
 
     def abort(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
               batchId: int) -> None:
-        tasks, events = _summary(list(messages))
-        log.warning("pulsarcast micro-batch %d aborted: %d task(s) had already published %d "
-                    "event(s)", batchId, tasks, events)
+        log.warning("pulsarcast micro-batch %d aborted: %s", batchId,
+                    _aborted(list(messages)))

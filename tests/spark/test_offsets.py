@@ -104,8 +104,9 @@ def test_read_options_are_checked_before_any_call() -> None:
     assert ok.endpoint.url == URL and ok.topics == (A,)
     assert starting_bound(ok, A, A) == EARLIEST
     stream = read_options({"endpoint": URL, "topics": f"{A}, {B},{A}",
-                           "startingtimestamp": "1000"}, streaming=True)
-    assert stream.topics == (A, B) and starting_bound(stream, A, A) == Bound("time", 1.0)
+                           "startingtimestamp": "1767225600000"}, streaming=True)
+    assert stream.topics == (A, B) \
+        and starting_bound(stream, A, A) == Bound("time", 1767225600.0)
     assert read_options({"endpoint": URL, "topic": A}, streaming=True).starting.default \
         == LATEST
     cases = {
@@ -118,7 +119,7 @@ def test_read_options_are_checked_before_any_call() -> None:
             {"endpoint": URL, "topic": A, "endingoffsets": "earliest"},
             {"endpoint": URL, "topic": A, "maxeventsperpartition": "0"},
             {"endpoint": URL, "topic": A, "requesttimeout": "forever"},
-            {"endpoint": URL, "topic": A, "subscribe": "true", "token": "s3cret"},  # batch
+            {"endpoint": URL, "topic": A, "subscribe": "maybe", "token": "s3cret"},
         ],
     }
     for code, options in cases.items():

@@ -126,7 +126,7 @@ def test_a_stream_needs_the_node_to_follow_the_topic(net: SparkNet) -> None:
     refused = StreamReader(read_options(options, streaming=True))
     with pytest.raises(PulsarcastSparkError) as info:
         refused.initialOffset()
-    assert info.value.code == "NOT_SUBSCRIBED" and "subscribe=true" in str(info.value)
+    assert info.value.code == "NOT_SUBSCRIBED" and "subscribe=replay" in str(info.value)
     refused.stop()
     # subscribe=replay: the reader subscribes node 1, which backfills the topic's past
     reader = StreamReader(read_options({**options, "subscribe": "replay",
