@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from api.logblocks import LogRecord
-from dag import CID, EventDescriptor, PeerId
+from dag import CID, EventDescriptor, PeerId, check_content_type
 from dag.codec import decode_fast, is_cid_like
 from dag.descriptors import MAX_INLINE_PAYLOAD, SIGNATURE_SIZE
 from dag.errors import DagError
@@ -53,28 +53,31 @@ _KEYS: Final = frozenset({"topic", "author", "publisher", "parent", "payload", "
                           "authorSignature"})
 _KEYS_COSIGNED: Final = _KEYS | {"publisherSignature"}
 _META_KEYS: Final = frozenset({"created", "protocolVersion"})
+_META_KEYS_TYPED: Final = _META_KEYS | {"contentType"}
 MAX_CREATED_CHARS: Final = 40
 
 
 class _Fields:
     """What a row takes from an event."""
 
-    __slots__ = ("author", "created", "parent", "payload", "publisher")
+    __slots__ = ("author", "content_type", "created", "parent", "payload", "publisher")
 
     def __init__(self, author: bytes, publisher: bytes, parent: bytes | None,
-                 payload: bytes | None, created: str) -> None:
+                 payload: bytes | None, created: str, content_type: str | None) -> None:
         self.author = author
         self.publisher = publisher
         self.parent = parent
         self.payload = payload
         self.created = created
+        self.content_type = content_type
 
 
 def _full(block: bytes, cid: CID) -> _Fields:
     event = EventDescriptor.from_block(block, cid, verify_signature=False)
     return _Fields(event.author.raw, event.publisher.raw,
                    None if event.parent is None else event.parent.raw,
-                   event.payload if isinstance(event.payload, bytes) else None, event.created)
+                   event.payload if isinstance(event.payload, bytes) else None, event.created,
+                   event.content_type)
 
 
 def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
@@ -87,18 +90,23 @@ def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
     meta = wire["metadata"]
     parent = wire["parent"]
     if type(payload) is not bytes or is_cid_like(payload) or type(meta) is not dict \
-            or meta.keys() != _META_KEYS or any(type(wire[k]) is not bytes or
-                                                len(wire[k]) != SIGNATURE_SIZE
-                                                for k in wire.keys() - _KEYS_FIELDS):
+            or (meta.keys() != _META_KEYS and meta.keys() != _META_KEYS_TYPED) \
+            or any(type(wire[k]) is not bytes or len(wire[k]) != SIGNATURE_SIZE
+                   for k in wire.keys() - _KEYS_FIELDS):
         return _full(block, cid)
     created = meta["created"]
     if len(payload) > MAX_INLINE_PAYLOAD or type(created) is not str \
             or len(created) > MAX_CREATED_CHARS:
         raise ValueError("payload or created out of bounds")
+    content_type = meta.get("contentType")
+    if content_type is not None and type(content_type) is not str:
+        raise ValueError("contentType is not a string")
+    check_content_type(content_type)  # a SchemaError (DagError) names what is wrong
     _link(wire["topic"])
     if parent is not None and parent != previous:
         _link(parent)
-    return _Fields(_peer(wire["author"]), _peer(wire["publisher"]), parent, payload, created)
+    return _Fields(_peer(wire["author"]), _peer(wire["publisher"]), parent, payload, created,
+                   content_type)
 
 
 _KEYS_FIELDS: Final = frozenset({"topic", "author", "publisher", "parent", "payload",
@@ -202,6 +210,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
     publishers: list[str] = []
     created: list[str] = []
     payloads: list[bytes | None] = []
+    content_types: list[str | None] = []
     linked: list[int] = []
     raws: list[bytes] = []
     delivered: list[float] = []
@@ -222,6 +231,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
         publishers.append(texts.peer(event.publisher))
         created.append(event.created)
         payloads.append(event.payload)
+        content_types.append(event.content_type)
         if event.payload is None:
             linked.append(i)
         delivered.append(record.delivered_at)
@@ -259,6 +269,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
         micros.cast(pa.timestamp("us", tz="UTC")),
         created_ts,
         pa.array(payloads, pa.binary()),
+        pa.array(content_types, pa.string()),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     return ParsedRecords(batch, seqs[keep - 1], reached)

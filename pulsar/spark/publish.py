@@ -35,6 +35,7 @@ class _Row:
     topic: str
     payload: bytes | str
     parent: str | None
+    content_type: str | None = None
 
 
 def payload_column(names: list[str]) -> str:
@@ -60,6 +61,8 @@ def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None,
     topics = _topics(batch, topic_option)
     parents = (batch.column(names.index("parent")).to_pylist()
                if "parent" in names else None)
+    types = (batch.column(names.index("content_type")).to_pylist()
+             if "content_type" in names else None)
     rows = []
     for i, payload in enumerate(payloads):
         index = first + i
@@ -71,7 +74,7 @@ def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None,
             raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has no "
                                        "topic (null 'topic' column and no 'topic' option)")
         parent = None if parents is None or not takes_parent(topic) else parents[i]
-        rows.append(_Row(index, topic, payload, parent))
+        rows.append(_Row(index, topic, payload, parent, None if types is None else types[i]))
     return rows
 
 
@@ -108,7 +111,8 @@ class _Publisher:
         attempt = 0
         while True:
             try:
-                event = await self.client.publish(row.topic, row.payload, parent=row.parent)
+                event = await self.client.publish(row.topic, row.payload, parent=row.parent,
+                                                  content_type=row.content_type)
                 cid = event.get("cid") if isinstance(event, dict) else None
                 if type(cid) is not str:
                     raise ValueError("the publish answer carries no event CID")

@@ -32,6 +32,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from dag import check_content_type
+from dag.errors import SchemaError
+
 from .errors import PulsarcastSparkError
 
 __all__ = ["ARROW_SCHEMA", "SCHEMA", "ParsedBlock", "parse_block", "seq_of"]
@@ -46,12 +49,15 @@ SCHEMA: Final = StructType([
     StructField("timestamp", TimestampType(), False),
     StructField("created", TimestampType(), False),
     StructField("payload", BinaryType(), False),
+    StructField("content_type", StringType(), True),
 ])
 """``topic``: CID of the topic's first version (the name of its tree and log, whichever
 version CID was given); ``seq``: the event's delivery-log position at the node, the offset;
 ``cid``, ``parent``: the event and its parent event; ``author``, ``publisher``: peer ids;
 ``timestamp``: when the node delivered the event (its log time, what ``startingTimestamp``
-selects on); ``created``: the author's clock; ``payload``: the bytes published."""
+selects on); ``created``: the author's clock; ``payload``: the bytes published;
+``content_type``: the media type its author signed (``application/json``, ``text/plain;
+charset=utf-8``, ...), null when none was given."""
 
 ARROW_SCHEMA: Final = to_arrow_schema(SCHEMA, timezone="UTC")
 """Exactly what Spark expects of a Python data source's record batches (it compares)."""
@@ -70,6 +76,7 @@ _WIRE: Final = pa.schema([
     ("delivered_at", pa.float64()),
     ("created", pa.string()),
     ("payload", pa.string()),
+    ("content_type", pa.string()),
 ])
 """The fields of an event's JSON (``docs/api.md``) the rows are made of; others ignored."""
 _JSON_PARSE: Final = pa_json.ParseOptions(explicit_schema=_WIRE,
@@ -115,6 +122,18 @@ def _check(table: pa.Table) -> None:
     if not pc.all(pc.is_finite(delivered)).as_py() or pc.min(delivered).as_py() < 0 \
             or pc.max(delivered).as_py() >= 1e11:
         raise _bad("delivered_at is not a time in seconds")
+
+
+def _content_types(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Media types as the node sent them, each checked like the node checks an event's
+    (a node older than media types sends none: nulls)."""
+    for value in pc.unique(column).to_pylist():  # a topic uses a handful of types
+        if value is not None:
+            try:
+                check_content_type(value)
+            except SchemaError as exc:
+                raise _bad(str(exc)) from None
+    return column
 
 
 def parse_block(block: bytes, topic: str, previous: int, end: int) -> ParsedBlock:
@@ -163,6 +182,7 @@ def parse_block(block: bytes, topic: str, previous: int, end: int) -> ParsedBloc
         micros.cast(pa.timestamp("us", tz="UTC")),
         created,
         pa.array(payloads, pa.binary()),
+        _content_types(table.column("content_type")),
     ]
     batch = pa.Table.from_arrays(columns, schema=ARROW_SCHEMA).combine_chunks().to_batches()
     return ParsedBlock(batch[0] if batch else None, int(seqs[keep - 1]), reached)

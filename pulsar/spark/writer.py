@@ -48,8 +48,9 @@ class PublishedEvents(WriterCommitMessage):
 def check_columns(schema: StructType, options: WriteOptions) -> None:
     """``payload`` (binary or string; or ``value``, as Kafka's sink calls it) is required;
     ``topic`` is required unless the option is given; ``parent`` (string) is optional and
-    used only for CUSTOM topics; other columns are ignored, so a DataFrame read from a
-    topic — or shaped for Kafka — can be written as it is."""
+    used only for CUSTOM topics; ``content_type`` (string, optional) is each payload's
+    media type; other columns are ignored, so a DataFrame read from a topic — or shaped
+    for Kafka — can be written as it is."""
     fields = {f.name: f.dataType for f in schema.fields}
     if "payload" in fields and "value" in fields:
         raise PulsarcastSparkError("INVALID_COLUMN", "the rows have both 'payload' and "
@@ -63,10 +64,11 @@ def check_columns(schema: StructType, options: WriteOptions) -> None:
     if not isinstance(payload, BinaryType | StringType):
         raise PulsarcastSparkError("INVALID_COLUMN", f"'{name}' must be binary or string, "
                                    f"not {payload.simpleString()}")
-    for name in ("topic", "parent"):
+    for name in ("topic", "parent", "content_type"):
         if name in fields and not isinstance(fields[name], StringType):
+            what = "a media type" if name == "content_type" else "a CID"
             raise PulsarcastSparkError("INVALID_COLUMN", f"'{name}' must be a string column "
-                                       f"(a CID), not {fields[name].simpleString()}")
+                                       f"({what}), not {fields[name].simpleString()}")
     if options.topic is None and "topic" not in fields:
         raise PulsarcastSparkError("MISSING_OPTION", "say where to publish: option 'topic' "
                                    "or a 'topic' column (the option wins when both are there)")

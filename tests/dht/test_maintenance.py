@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from dag.cid import cid_of
 from dag import Identity
+from dag.cid import cid_of
 from dht import DhtConfig, dht_key
 from tests.waiting import eventually
 

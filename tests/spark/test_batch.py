@@ -145,6 +145,6 @@ def test_large_payloads_and_both_history_formats(source: Any, net: SparkNet) -> 
     rows = {}
     for form in ("blocks", "ndjson"):
         df = read(source, **net.options(0, topic=topic, historyFormat=form))
-        rows[form] = [tuple(r) for r in df.orderBy("seq").collect()]
-    assert [bytes(r[-1]) for r in rows["blocks"]] == sent
+        rows[form] = [r.asDict() for r in df.orderBy("seq").collect()]
+    assert [bytes(r["payload"]) for r in rows["blocks"]] == sent
     assert rows["blocks"] == rows["ndjson"]

@@ -155,3 +155,31 @@ def test_node_api_token_check(net: SparkNet) -> None:
     finally:
         api.close()
     assert "token-check" not in {str(t) for t in net.nodes[0].node.subscribed()}
+
+
+def test_content_type_is_read_and_written_back(source: Any, net: SparkNet) -> None:
+    """Each row carries the media type its author signed, in both history formats, and the
+    writer publishes a ``content_type`` column: a copied topic keeps its types."""
+    from dag import CID
+
+    origin = net.create_topic("spark/typed-origin")
+    copy = net.create_topic("spark/typed-copy")
+    node = net.nodes[0].node
+    sent = [(b'{"n":1}', "application/json"), (b"hi", "text/plain; charset=utf-8"),
+            (b"\x00\x01", None)]
+
+    async def publish() -> None:
+        for payload, kind in sent:
+            await node.publish(CID.parse(origin), payload, content_type=kind)
+
+    net.bg.run(publish())
+    for history in ("blocks", "ndjson"):
+        rows = read(source, **net.options(0, topic=origin, historyFormat=history)
+                    ).orderBy("seq").collect()
+        assert [(bytes(r.payload), r.content_type) for r in rows] == sent, history
+    df = read(source, **net.options(0, topic=origin)).select("payload", "content_type")
+    (df.coalesce(1).write.format("pulsarcast").mode("append")
+     .options(**net.options(0, topic=copy, token=net.token(0))).save())
+    copied = read(source, **net.options(0, topic=copy)).collect()
+    assert sorted((bytes(r.payload), r.content_type or "") for r in copied) == sorted(
+        (p, k or "") for p, k in sent)
