@@ -23,7 +23,6 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -37,9 +36,9 @@ from dag.descriptors import MAX_INLINE_PAYLOAD, SIGNATURE_SIZE
 from dag.errors import DagError
 
 from .errors import PulsarcastSparkError
-from .schema import ARROW_SCHEMA
+from .schema import ARROW_SCHEMA, ParsedBlock
 
-__all__ = ["FetchPayloads", "ParsedRecords", "parse_records"]
+__all__ = ["FetchPayloads", "parse_records"]
 
 FetchPayloads = Callable[[Sequence[str]], dict[str, bytes]]
 """Payloads of events whose payload is a chunk tree, by event CID (asked of the node)."""
@@ -140,15 +139,6 @@ def _bad(why: str) -> PulsarcastSparkError:
     return PulsarcastSparkError("NODE_ERROR", f"the node sent a malformed event: {why}")
 
 
-@dataclass(frozen=True)
-class ParsedRecords:
-    """Rows of the records that fall in the range read, and where they ended."""
-
-    batch: pa.RecordBatch | None
-    last_seq: int
-    reached_end: bool
-
-
 class _Texts:
     """Text forms of repeated values (peer ids, parents), kept between batches."""
 
@@ -192,18 +182,18 @@ def cid_texts(raws: Sequence[bytes]) -> list[str]:
 
 
 def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: int,
-                  fetch: FetchPayloads) -> ParsedRecords:
+                  fetch: FetchPayloads) -> ParsedBlock:
     """The rows of ``records`` with positions ``previous < seq < end``, checked. Positions
     must increase strictly, continuing from ``previous``."""
     if not records:
-        return ParsedRecords(None, previous, False)
+        return ParsedBlock(None, previous, False)
     seqs = [r.seq for r in records]
     if seqs[0] <= previous or any(b <= a for a, b in itertools.pairwise(seqs)):
         raise _bad(f"positions are not increasing (after {previous}: {seqs[:3]}...)")
     keep = bisect.bisect_left(seqs, end)  # rows at or beyond the end are not ours
     reached = keep < len(seqs)
     if keep == 0:
-        return ParsedRecords(None, previous, True)
+        return ParsedBlock(None, previous, True)
     texts = _TEXTS
     parent_raws: list[bytes | None] = []
     authors: list[str] = []
@@ -272,4 +262,4 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
         pa.array(content_types, pa.string()),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
-    return ParsedRecords(batch, seqs[keep - 1], reached)
+    return ParsedBlock(batch, seqs[keep - 1], reached)

@@ -29,7 +29,7 @@ from api.logblocks import MEDIA_TYPE, LogRecord, RecordReader
 
 from .errors import PulsarcastSparkError
 from .options import Endpoint
-from .schema import parse_block, seq_of
+from .schema import ParsedBlock, parse_block, seq_of
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_Chunk = TypeVar("_Chunk")
 
 MAX_LINE_BYTES: Final = 4 * 1024 * 1024
 """Longest NDJSON line accepted: an event with the largest payload the API takes (1 MiB,
@@ -354,38 +355,55 @@ def read_range(endpoint: Endpoint, topic: str, start: int, end: int,
     whatever lies at or beyond ``end`` is dropped, and the response closed)."""
     if end <= start:
         return
+    doing = f"reading positions {start}..{end - 1} of {topic}"
     if history_format == "ndjson":
-        yield from _read_range_ndjson(endpoint, topic, start, end)
+        yield from _read_parsed(
+            endpoint, doing,
+            lambda client: _ndjson_blocks(client, topic, start - 1, end - start,
+                                          endpoint.timeout),
+            lambda _, block, previous: parse_block(block, topic, previous, end),
+            start - 1)
         return
     from .blocks import parse_records  # the data model's parser, for this format only
 
-    doing = f"reading positions {start}..{end - 1} of {topic}"
-    runner: _Loop | None = None
-    chunks: AsyncIterator[list[LogRecord]] | None = None
-    try:
-        try:
-            runner = _Loop(endpoint)
-            chunks = _record_chunks(runner.client, topic, start - 1, end - start,
-                                    endpoint.timeout)
-        except Exception as exc:
-            raise translate(exc, endpoint, doing) from None
-        loop = runner
-
+    def parse(loop: _Loop, records: list[LogRecord], previous: int) -> ParsedBlock:
         def fetch(cids: Any) -> dict[str, bytes]:
             try:
                 return loop.run(_payloads(loop.client, list(cids)))
             except Exception as exc:
                 raise translate(exc, endpoint, f"{doing}: fetching large payloads") from None
 
-        previous = start - 1
+        return parse_records(records, topic, previous, end, fetch)
+
+    yield from _read_parsed(
+        endpoint, doing,
+        lambda client: _record_chunks(client, topic, start - 1, end - start, endpoint.timeout),
+        parse, start - 1)
+
+
+def _read_parsed(endpoint: Endpoint, doing: str,
+                 open_stream: Callable[[PulsarcastClient], AsyncIterator[_Chunk]],
+                 parse: Callable[[_Loop, _Chunk, int], ParsedBlock],
+                 previous: int) -> Iterator[pa.RecordBatch]:
+    """The batches of one history response in either format: ``open_stream`` gives its
+    chunks, ``parse`` turns each into the rows after ``previous`` (and says when the
+    range's end was reached); the response is closed however the read ends."""
+    runner: _Loop | None = None
+    chunks: AsyncIterator[_Chunk] | None = None
+    try:
+        try:
+            runner = _Loop(endpoint)
+            chunks = open_stream(runner.client)
+        except Exception as exc:
+            raise translate(exc, endpoint, doing) from None
         while True:
             try:
-                records = runner.run(anext(chunks, None))
+                chunk = runner.run(anext(chunks, None))
             except Exception as exc:
                 raise translate(exc, endpoint, doing) from None
-            if records is None:
+            if chunk is None:
                 return
-            parsed = parse_records(records, topic, previous, end, fetch)
+            parsed = parse(runner, chunk, previous)
             previous = parsed.last_seq
             if parsed.batch is not None:
                 yield parsed.batch
@@ -395,42 +413,6 @@ def read_range(endpoint: Endpoint, topic: str, start: int, end: int,
         if runner is not None:
             if chunks is not None:
                 aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    runner.run(aclose())
-            runner.close()
-
-
-def _read_range_ndjson(endpoint: Endpoint, topic: str, start: int, end: int
-                       ) -> Iterator[pa.RecordBatch]:
-    """:func:`read_range` from the node's NDJSON history (``historyFormat=ndjson``)."""
-    doing = f"reading positions {start}..{end - 1} of {topic}"
-    runner: _Loop | None = None
-    blocks: AsyncIterator[bytes] | None = None
-    try:
-        try:
-            runner = _Loop(endpoint)
-            blocks = _ndjson_blocks(runner.client, topic, start - 1, end - start,
-                                    endpoint.timeout)
-        except Exception as exc:
-            raise translate(exc, endpoint, doing) from None
-        previous = start - 1
-        while True:
-            try:
-                block = runner.run(anext(blocks, None))
-            except Exception as exc:
-                raise translate(exc, endpoint, doing) from None
-            if block is None:
-                return
-            parsed = parse_block(block, topic, previous, end)
-            previous = parsed.last_seq
-            if parsed.batch is not None:
-                yield parsed.batch
-            if parsed.reached_end:
-                return
-    finally:
-        if runner is not None:
-            if blocks is not None:
-                aclose = getattr(blocks, "aclose", None)
                 if aclose is not None:
                     runner.run(aclose())
             runner.close()

@@ -101,7 +101,8 @@ def seq_of(event: Any) -> int:
 
 @dataclass(frozen=True)
 class ParsedBlock:
-    """Rows of one NDJSON block that fall in the range read, and where the block ended."""
+    """Rows of one chunk of a history (NDJSON lines or bulk records) that fall in the range
+    read, and where the chunk ended."""
 
     batch: pa.RecordBatch | None
     last_seq: int

@@ -19,7 +19,7 @@ from api import ApiServer
 from api.browser import launch, missing
 from api.page import CSP
 from dag import TopicDescriptor
-from pulsar import Node
+from pulsar.spark.background import ServedNode
 from tests.node.conftest import Network
 
 MISSING = missing()
@@ -31,28 +31,18 @@ WAIT_MS = 30_000
 
 
 @dataclass
-class Site:
+class Site(ServedNode):
     """The node whose page is open, with its API; a test may restart both on the same port
     and data directory (what an operator's restart looks like to an open page)."""
 
     net: Network
-    node: Node
-    server: ApiServer
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    @property
-    def token(self) -> str:
-        return self.server.token
 
 
 @pytest.fixture
 async def site(tmp_path: Path) -> AsyncIterator[Site]:
     net = Network(tmp_path)
     nodes = await net.start(3)
-    site = Site(net, nodes[0], await ApiServer.start(nodes[0], heartbeat=0.2))
+    site = Site(nodes[0], await ApiServer.start(nodes[0], heartbeat=0.2), net)
     try:
         yield site
     finally:
