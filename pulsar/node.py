@@ -475,9 +475,8 @@ class Node:
         """One page of the delivery log of ``topic_cid``: entries with ``after < seq <
         before``, oldest first (newest first with ``descending``). The sequence number is
         the cursor the REST API, stream resume and Spark offsets hand out."""
-        self._flush()
-        rows = self.store.log_blocks(
-            topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
+        rows = self.log_blocks(
+            topic_cid, after=after, before=before, limit=limit, descending=descending
         )
         entries = []
         for seq, cid, delivered_at, block in rows:

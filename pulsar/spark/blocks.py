@@ -20,8 +20,6 @@ previous row's CID, and authors and publishers repeat, so those come from small 
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -36,7 +34,7 @@ from dag.descriptors import MAX_INLINE_PAYLOAD, SIGNATURE_SIZE
 from dag.errors import DagError
 
 from .errors import PulsarcastSparkError
-from .schema import ARROW_SCHEMA, ParsedBlock
+from .schema import ARROW_SCHEMA, ParsedBlock, rows_in_range
 
 __all__ = ["FetchPayloads", "parse_records"]
 
@@ -188,10 +186,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
     if not records:
         return ParsedBlock(None, previous, False)
     seqs = [r.seq for r in records]
-    if seqs[0] <= previous or any(b <= a for a, b in itertools.pairwise(seqs)):
-        raise _bad(f"positions are not increasing (after {previous}: {seqs[:3]}...)")
-    keep = bisect.bisect_left(seqs, end)  # rows at or beyond the end are not ours
-    reached = keep < len(seqs)
+    keep, reached = rows_in_range(seqs, previous, end)
     if keep == 0:
         return ParsedBlock(None, previous, True)
     texts = _TEXTS

@@ -37,7 +37,7 @@ from dag.errors import SchemaError
 
 from .errors import PulsarcastSparkError
 
-__all__ = ["ARROW_SCHEMA", "SCHEMA", "ParsedBlock", "parse_block", "seq_of"]
+__all__ = ["ARROW_SCHEMA", "SCHEMA", "ParsedBlock", "parse_block", "rows_in_range", "seq_of"]
 
 SCHEMA: Final = StructType([
     StructField("topic", StringType(), False),
@@ -137,6 +137,16 @@ def _content_types(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column
 
 
+def rows_in_range(seqs: list[int], previous: int, end: int) -> tuple[int, bool]:
+    """How many of a chunk's positions ``seqs`` fall before ``end``, and whether the
+    range's end was reached. Positions must increase strictly, continuing from
+    ``previous``: anything else is a node error."""
+    if seqs[0] <= previous or any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise _bad(f"positions are not increasing (after {previous}: {seqs[:3]}...)")
+    keep = bisect.bisect_left(seqs, end)  # rows at or beyond the end are not ours
+    return keep, keep < len(seqs)
+
+
 def parse_block(block: bytes, topic: str, previous: int, end: int) -> ParsedBlock:
     """Complete NDJSON lines of a history into a record batch of the rows with positions
     ``previous < seq < end``. Parsing runs in Arrow's C++ JSON reader against the wire
@@ -155,10 +165,7 @@ def parse_block(block: bytes, topic: str, previous: int, end: int) -> ParsedBloc
         return ParsedBlock(None, previous, False)
     _check(table)
     seqs: list[int] = table.column("seq").to_pylist()
-    if seqs[0] <= previous or any(b <= a for a, b in itertools.pairwise(seqs)):
-        raise _bad(f"positions are not increasing (after {previous}: {seqs[:3]}...)")
-    keep = bisect.bisect_left(seqs, end)  # rows at or beyond the end are not ours
-    reached = keep < len(seqs)
+    keep, reached = rows_in_range(seqs, previous, end)
     if keep == 0:
         return ParsedBlock(None, previous, True)
     table = table.slice(0, keep)
