@@ -180,7 +180,11 @@ class DhtNode:
         self._check_running()
         resolved = [await _resolve(host, port) for host, port in addrs]
         if resolved:
-            found = await self._server.bootstrap(resolved)
+            self._maintainer.joining()
+            try:
+                found = await self._server.bootstrap(resolved)
+            finally:
+                self._maintainer.joined()
             if not found:
                 log.warning("no bootstrap peer of %s answered", resolved)
         return sum(1 for _ in self._protocol.router.contacts())

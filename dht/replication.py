@@ -43,6 +43,9 @@ _BATCH_BUDGET: Final = MAX_RPC_SIZE - 64
 _ITEM_OVERHEAD: Final = 32
 """msgpack framing of one ``[20-byte key, value]`` item (27 bytes), rounded up."""
 _MAX_REMEMBERED: Final = 65536
+MAX_UNPLACED: Final = 100_000
+"""Keys of a lone node's puts remembered for pushing when it joins; beyond this, such
+records wait for their hourly republish."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +279,8 @@ class Replicator:
         self._stats = stats
         self._cache = cache
         self.batcher = StoreBatcher(protocol, cache)
+        self.unplaced: dict[bytes, None] = {}
+        """Keys put while no other node was reachable, oldest first (bounded)."""
 
     async def replicate(self, key: bytes, value: bytes, quorum: int | None = None
                         ) -> Replicated:
@@ -290,6 +295,7 @@ class Replicator:
         found = await find_closest(self._protocol, key, ksize=config.replication,
                                    alpha=config.alpha, stats=self._stats, cache=self._cache)
         targets = found[: config.replication]
+        self._note_placement(key, bool(targets))
         if quorum is None:
             acks = await self.batcher.store_all(targets, key, value)
             return Replicated(acks, len(targets), self._we_are_close(key, targets))
@@ -299,6 +305,14 @@ class Replicator:
             self._stats.background_stores += 1
             everyone.add_done_callback(self._count_background(acks))
         return Replicated(acks, len(targets), self._we_are_close(key, targets))
+
+    def _note_placement(self, key: bytes, placed: bool) -> None:
+        """Remember keys put while no other node was known (a lone node's puts): they are
+        the records a node must push when it joins a network (``Maintainer.joined``)."""
+        if placed:
+            self.unplaced.pop(key, None)
+        elif len(self.unplaced) < MAX_UNPLACED:
+            self.unplaced[key] = None
 
     def _count_background(self, early: int) -> Callable[[asyncio.Future[int]], None]:
         def done(everyone: asyncio.Future[int]) -> None:

@@ -116,3 +116,40 @@ async def test_a_restarted_node_is_not_handed_what_it_kept(network: Network,
         await first.put_many([b"\x52" + os.urandom(16)])  # the contact is live again ...
         await eventually(lambda: back.stats.stores_accepted >= 1)
         assert back.stats.stores_accepted == 1  # ... and got that put, no hand-off
+
+
+async def test_a_restarted_node_pushes_nothing_while_it_joins(network: Network) -> None:
+    """The contacts a node meets during its own bootstrap are the network it joins, which
+    holds the records already: no hand-off from it (a restart met every contact anew and
+    pushed each of them the records they were closer to)."""
+    # k = 20 so that its bootstrap meets all four; two replicas per record
+    config = DhtConfig(ksize=20, replicas=2, rpc_timeout=1.0, get_timeout=5.0,
+                       maintenance_interval=3600)
+    nodes = await network.grow(4, config=config)
+    results = await nodes[0].put_many([b"\x53" + os.urandom(16) for _ in range(40)])
+    assert all(r.acks == 2 for r in results)
+    identity = Identity.generate()
+    returning = await network.add(identity=identity, name="back", config=config)
+    keys = [dht_key(r.cid) for r in results]
+    # it is handed its share by the nodes that held it
+    await eventually(lambda: any(returning.records.get(k) is not None for k in keys))
+    await network.stop(returning)
+    before = sum(n.stats.stores_accepted for n in nodes)
+    back = await network.add(identity=identity, name="back", config=config)
+    assert sum(1 for _ in back._protocol.router.contacts()) == 4  # met them all joining
+    (mine,) = await back.put_many([b"\x54" + os.urandom(16)])
+    assert mine.acks == 2
+    # the others took exactly that put's two replicas: nothing was pushed on joining
+    assert sum(n.stats.stores_accepted for n in nodes) - before == 2
+
+
+async def test_what_a_lone_node_put_reaches_the_network_it_joins(network: Network) -> None:
+    lone = await network.add(config=SMALL_K, bootstrap=[])
+    results = await lone.put_many([b"\x55" + os.urandom(16) for _ in range(10)])
+    assert all(r.acks == 0 for r in results)
+    others = [await network.add(config=SMALL_K, bootstrap=[]) for _ in range(2)]
+    await others[1].bootstrap([others[0].address])
+    await lone.bootstrap([others[0].address])  # joins: it pushes what only it holds
+    keys = [dht_key(r.cid) for r in results]
+    await eventually(lambda: all(any(o.records.get(k) is not None for o in others)
+                                 for k in keys))
