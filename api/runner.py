@@ -65,6 +65,7 @@ def _say(message: str) -> None:
 def _tour(first: dict[str, Any]) -> str:
     url, token = first["url"], first["token"]
     return f"""
+Open {url}/ in a browser: each node serves a page of its topics, trees and live events.
 Try it (node 0; every node has its own URL and token):
   export PC={url} TOKEN={token}
   curl -s -X POST $PC/v1/topics -H "Authorization: Bearer $TOKEN" \\
@@ -74,9 +75,10 @@ Try it (node 0; every node has its own URL and token):
   curl -N "$PC/v1/topics/<cid>/stream?from=earliest"
 or with the CLI:
   export PULSARCAST_URL={url} PULSARCAST_TOKEN={token}
-  .venv/bin/pulsarcast topic create demo
-  .venv/bin/pulsarcast publish <cid> --text hello
-  .venv/bin/pulsarcast subscribe <cid> --from earliest
+  CID=$(.venv/bin/pulsarcast topic create demo)
+  .venv/bin/pulsarcast publish $CID --text hello
+  .venv/bin/pulsarcast subscribe $CID --from earliest
+  .venv/bin/pulsarcast doctor
 API reference: docs/api.md. Press Ctrl-C to stop."""
 
 
