@@ -112,12 +112,27 @@ async def find_closest(protocol: PulsarProtocol, key: bytes, *, ksize: int, alph
     if not seeds:
         return []
     stats.lookups += 1
-    spider = NodeSpiderCrawl(protocol, Node(key), seeds, ksize, alpha)
+    spider = _NearCrawl(protocol, Node(key), seeds, ksize, alpha)
     found: list[Node] = await spider.find()
     nodes = _merge(key, [n for n in found if n.id != protocol.source_node.id], [], ksize)
     if cache is not None:
         cache.put(key, nodes)
     return nodes
+
+
+class _NearCrawl(NodeSpiderCrawl):  # type: ignore[misc]
+    """The package's node crawl, asking each peer for only the ``ksize`` closest it knows
+    (FIND_NEAR where the peer is ours): the crawl keeps no more than that anyway."""
+
+    async def find(self) -> list[Node]:
+        protocol: PulsarProtocol = self.protocol
+        ksize: int = self.ksize
+
+        async def ask(peer: Node, node: Node) -> Any:
+            return await protocol.call_find_near(peer, node, ksize)
+
+        found: list[Node] = await self._find(ask)
+        return found
 
 
 def _merge(key: bytes, first: list[Node], second: list[Node], k: int) -> list[Node]:

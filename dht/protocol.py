@@ -171,6 +171,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             "store": self.rpc_store,
             "store_batch": self.rpc_store_batch,
             "find_node": self.rpc_find_node,
+            "find_near": self.rpc_find_near,
             "find_value": self.rpc_find_value,
         }
 
@@ -379,6 +380,10 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                   ) -> asyncio.Future[RpcResult]:
         return self._request(address, "find_node", (node_id, key))
 
+    def find_near(self, address: Address, node_id: bytes, key: bytes, count: int
+                  ) -> asyncio.Future[RpcResult]:
+        return self._request(address, "find_near", (node_id, key, count))
+
     def find_value(self, address: Address, node_id: bytes, key: bytes
                    ) -> asyncio.Future[RpcResult]:
         return self._request(address, "find_value", (node_id, key))
@@ -393,6 +398,24 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                 data = parse_find_node(data)
             except MalformedDatagram as exc:
                 self._drop(_address(node_to_ask), f"FIND_NODE answer: {exc}")
+                ok, data = False, None
+        return self.handle_call_response((ok, data), node_to_ask)
+
+    async def call_find_near(self, node_to_ask: Node, node_to_find: Node, count: int
+                             ) -> RpcResult:
+        """FIND_NODE answered with only the ``count`` closest contacts (a put needs the r
+        closest, not k: answers of k = 20 contacts were most of the DHT's bytes). Only
+        ours know FIND_NEAR, so it goes to addresses that proved to be ours by answering
+        a STORE_BATCH (a stock node would let it time out); others get FIND_NODE."""
+        address = _address(node_to_ask)
+        if (address[0], address[1]) not in self._batching:
+            return await self.call_find_node(node_to_ask, node_to_find)
+        ok, data = await self.find_near(address, self.source_node.id, node_to_find.id, count)
+        if ok:
+            try:
+                data = parse_find_node(data)
+            except MalformedDatagram as exc:
+                self._drop(address, f"FIND_NEAR answer: {exc}")
                 ok, data = False, None
         return self.handle_call_response((ok, data), node_to_ask)
 
@@ -570,6 +593,12 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self._sender(sender, node_id)
         return [(c.node_id, c.host, c.port)
                 for c in self.closest_contacts(key, self.router.ksize, exclude=node_id)]
+
+    def rpc_find_near(self, sender: Address, node_id: bytes, key: bytes, count: int
+                      ) -> list[tuple[bytes, str, int]]:
+        self._sender(sender, node_id)
+        return [(c.node_id, c.host, c.port) for c in
+                self.closest_contacts(key, min(count, self.router.ksize), exclude=node_id)]
 
     def rpc_find_value(self, sender: Address, node_id: bytes, key: bytes) -> object:
         value = self.storage.get(key)

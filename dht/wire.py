@@ -95,6 +95,12 @@ def _anything(value: object) -> object:
     return value
 
 
+def _count(value: object) -> int:
+    if type(value) is not int or not 1 <= value <= MAX_NODES_IN_RESPONSE:
+        raise MalformedDatagram(f"expected a count of contacts in 1..{MAX_NODES_IN_RESPONSE}")
+    return value
+
+
 def _batch_items(value: object) -> list[tuple[bytes, object]]:
     if not isinstance(value, list):
         raise MalformedDatagram("store_batch items must be a list")
@@ -112,6 +118,7 @@ _SIGNATURES: Final[dict[str, tuple[Callable[[object], object], ...]]] = {
     "stun": (),
     "store": (_node_id, _node_id, _anything),  # the handler verifies the value itself
     "find_node": (_node_id, _node_id),
+    "find_near": (_node_id, _node_id, _count),
     "find_value": (_node_id, _node_id),
     "store_batch": (_node_id, _batch_items),
 }
