@@ -82,6 +82,8 @@ Address = tuple[str, int]
 
 _MAX_SILENT = 10_000
 """Quarantined addresses remembered at most (a flood of dead contacts stays bounded)."""
+_NOT_NEAR_FOR = 600.0
+"""Seconds an address that ignored a FIND_NEAR is asked FIND_NODE instead."""
 _DEPARTED_MEMORY = 10_000
 """Contacts remembered as recently gone (to recognise a restart), at most."""
 
@@ -151,6 +153,10 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
         self._departed: OrderedDict[bytes, float] = OrderedDict()  # id -> when removed
         self._batching: set[Address] = set()  # addresses that have answered a STORE_BATCH
+        self._near: set[Address] = set()  # addresses that have answered a FIND_NEAR
+        # addresses that let a FIND_NEAR time out without ever answering one, until when
+        # they get FIND_NODE instead (a stock node, an older one of ours, or one that was down)
+        self._not_near: OrderedDict[Address, float] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
@@ -307,6 +313,8 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         address = (addr[0], addr[1])
         if pending.name == "store_batch" and len(self._batching) < _MAX_SILENT:
             self._batching.add(address)
+        elif pending.name == "find_near" and len(self._near) < _MAX_SILENT:
+            self._near.add(address)
         # It echoed our random message id from the address we asked: it receives there.
         data = response.data
         answered_id = (data if pending.name == "ping" and isinstance(data, bytes)
@@ -321,11 +329,17 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         pending = self._pending.pop(msg_id, None)
         if pending is None:
             return
-        # A stock kademlia node ignores STORE_BATCH (it does not know it): its silence there
-        # says nothing about whether it is up, unless it has answered one before.
+        # A stock kademlia node ignores STORE_BATCH and FIND_NEAR (it does not know them):
+        # its silence there says nothing about whether it is up, unless it has answered
+        # one before.
         address = (pending.address[0], pending.address[1])
+        if pending.name == "find_near" and address not in self._near:
+            self._not_near[address] = time.monotonic() + _NOT_NEAR_FOR
+            while len(self._not_near) > _MAX_SILENT:
+                self._not_near.popitem(last=False)
         if self.config.silent_for > 0 and (
-            pending.name != "store_batch" or address in self._batching
+            (pending.name != "store_batch" or address in self._batching)
+            and (pending.name != "find_near" or address in self._near)
         ):
             now = time.monotonic()
             if len(self._silent) >= _MAX_SILENT:
@@ -405,11 +419,17 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                              ) -> RpcResult:
         """FIND_NODE answered with only the ``count`` closest contacts (a put needs the r
         closest, not k: answers of k = 20 contacts were most of the DHT's bytes). Only
-        ours know FIND_NEAR, so it goes to addresses that proved to be ours by answering
-        a STORE_BATCH (a stock node would let it time out); others get FIND_NODE."""
+        ours know FIND_NEAR: an address that lets one time out without ever having
+        answered one gets FIND_NODE for the next ``_NOT_NEAR_FOR`` seconds (that one
+        timeout is the price of a stock node; a timeout of FIND_NEAR alone never marks a
+        node silent)."""
         address = _address(node_to_ask)
-        if (address[0], address[1]) not in self._batching:
-            return await self.call_find_node(node_to_ask, node_to_find)
+        key = (address[0], address[1])
+        until = self._not_near.get(key)
+        if until is not None:
+            if until > time.monotonic():
+                return await self.call_find_node(node_to_ask, node_to_find)
+            del self._not_near[key]
         ok, data = await self.find_near(address, self.source_node.id, node_to_find.id, count)
         if ok:
             try:
