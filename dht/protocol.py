@@ -420,9 +420,9 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         """FIND_NODE answered with only the ``count`` closest contacts (a put needs the r
         closest, not k: answers of k = 20 contacts were most of the DHT's bytes). Only
         ours know FIND_NEAR: an address that lets one time out without ever having
-        answered one gets FIND_NODE for the next ``_NOT_NEAR_FOR`` seconds (that one
-        timeout is the price of a stock node; a timeout of FIND_NEAR alone never marks a
-        node silent)."""
+        answered one is asked FIND_NODE at once, and for the next ``_NOT_NEAR_FOR``
+        seconds only FIND_NODE (one timeout is the price of a stock node; a timeout of
+        FIND_NEAR alone never marks a node silent or drops it)."""
         address = _address(node_to_ask)
         key = (address[0], address[1])
         until = self._not_near.get(key)
@@ -431,6 +431,10 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                 return await self.call_find_node(node_to_ask, node_to_find)
             del self._not_near[key]
         ok, data = await self.find_near(address, self.source_node.id, node_to_find.id, count)
+        if not ok and key not in self._near:
+            # Never answered one: a stock node (or an older one of ours) ignores FIND_NEAR;
+            # ask FIND_NODE before concluding anything about it.
+            return await self.call_find_node(node_to_ask, node_to_find)
         if ok:
             try:
                 data = parse_find_node(data)
