@@ -13,6 +13,11 @@ the node see it go; routing tables replace it from the same bucket) and restarts
 node's durable state, Kademlia routing tables (:mod:`pulsar.sim.routing`) and a DHT whose
 values live on the k closest live nodes (:mod:`pulsar.sim.dht`). Every message is
 encoded and decoded with the wire codec, so its size is the real one.
+
+Bandwidth (``bandwidth``, bytes per second per node, None for unlimited) is the same model
+as the transport's fault injector: each node's uplink is a token bucket that sends one
+message after the other, so a message leaves once everything the node queued before it (to
+any peer) is out, and arrives the link latency later. Downlinks are taken as wide.
 """
 
 from __future__ import annotations
@@ -111,7 +116,13 @@ class SimNetwork:
         protocol: Protocol = "pulsarcast",
         latency_range: tuple[float, float] | None = None,
         replicas: int = 8,
+        bandwidth: float | None = None,
     ) -> None:
+        if bandwidth is not None and not bandwidth > 0:
+            raise ValueError("bandwidth must be positive bytes/s")
+        self.bandwidth = bandwidth
+        self._uplink_free: dict[PeerId, float] = {}
+        """Per node: when its uplink will have sent everything queued on it so far."""
         self.rng = random.Random(seed)
         self.latency, self.jitter, self.loss = latency, jitter, loss
         self.latency_range = latency_range
@@ -423,6 +434,10 @@ class SimNetwork:
         self.contacts[me].add(out.peer)
         self.contacts[out.peer].add(me)
         delay = self.link_latency(me, out.peer)
+        if self.bandwidth is not None:
+            done = max(self._uplink_free.get(me, self.now), self.now) + len(frame) / self.bandwidth
+            self._uplink_free[me] = done
+            delay += done - self.now
         if self.jitter:
             delay += self.rng.uniform(-self.jitter, self.jitter)
         if kind == "event":
