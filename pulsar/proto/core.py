@@ -52,6 +52,8 @@ from .batching import coalesce
 from .config import LONE_NODE, CoreConfig
 from .events import Out
 from .flood_messages import Subs
+from .fragment_messages import Fragment, FWant, IDontWant
+from .fragments import Fragments
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
@@ -61,6 +63,8 @@ from .rtt import RttConfig, RttTable
 from .stores import OwnStores
 from .timers import (
     DispatchTimer,
+    FragmentStall,
+    FragmentTick,
     GapTimeout,
     GraftTimer,
     Greet,
@@ -126,6 +130,8 @@ class PulsarCore(Publishing, VersionAdoption):
             config=backfill,
             rtt=self.rtt,
         )
+        self.frags = Fragments(self.config.fragments)
+        """Large events along the tree: fragments received, relayed and paced."""
         self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
         """Events waiting for the topic version they name, by that version's CID."""
         self._parked_count = 0
@@ -217,7 +223,9 @@ class PulsarCore(Publishing, VersionAdoption):
 
     def counters(self) -> dict[str, int]:
         """The counters of the tree core and its repair layers, in one dict."""
-        return {**self.metrics, **self.lazy.metrics, **self.backfill.metrics}
+        return {
+            **self.metrics, **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics
+        }
 
     def _tree_edges(self, topic: CID) -> set[PeerId]:
         tree = self._trees.get(topic)
@@ -236,7 +244,9 @@ class PulsarCore(Publishing, VersionAdoption):
     def _after(self, out: Out, now: float) -> Out:
         """What follows from any input: recent events taken in by repair go down the tree
         (children missed them too), announced topic versions are adopted, and the author
-        keeps its heads record fresh."""
+        keeps its heads record fresh. Large events whose payload completed (or was given
+        up) are delivered here, and the fragment pacer releases what may go now."""
+        out += self._large_completed(now)
         for topic, event in self.backfill.take_repaired():
             tree = self._trees.get(topic)
             if tree is None:
@@ -267,8 +277,27 @@ class PulsarCore(Publishing, VersionAdoption):
                 extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
         out += self.backfill.arm_tick()
+        out += self.frags.pump(now)
         out += self._probes(out, now)
         return coalesce(out)
+
+    def _large_completed(self, now: float) -> Out:
+        """Large events received in full (or given up: their payload is then read from the
+        DHT) go to causal delivery; without cut-through they are announced only now."""
+        out: Out = []
+        for done in self.frags.take_completed():
+            tree = self._trees.get(done.topic)
+            if tree is None:
+                continue
+            if done.gave_up:
+                out.append(ev.Rejected(None, f"large event {done.event.cid} given up "
+                                             f"({done.reason}); its payload is read from the DHT"))
+            out += self.backfill.accepted(done.topic, done.event, done.hop, done.sender, now)
+            if not self.frags.config.cut_through:
+                eager = self._eager(tree)
+                out += self.lazy.accepted(done.topic, done.event.cid, done.hop, done.sender, now)
+                self._cover(tree, done.event.cid, eager, done.sender)
+        return out
 
     def _probes(self, out: Out, now: float) -> Out:
         """PINGs to the peers this step talks to whose round-trip time is unknown or
@@ -355,6 +384,7 @@ class PulsarCore(Publishing, VersionAdoption):
             return []
         self.lazy.stop(cmd.topic)
         self.backfill.close(cmd.topic)
+        self.frags.close(cmd.topic)
         leave = Leave(cmd.topic)
         # Children are told too: they route a new JOIN around us, so the subtree never
         # hangs off a node that no longer forwards.
@@ -408,6 +438,12 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self.backfill.on_digest(peer, message, now)
             case Subs():
                 return self._reject(peer, "a floodsub message on a pulsarcast node")
+            case Fragment():
+                return self.frags.on_fragment(peer, message, now)
+            case IDontWant():
+                return self.frags.on_idontwant(peer, message)
+            case FWant():
+                return self.frags.on_fwant(peer, message, self._lookup)
             case Batch():
                 out: Out = []
                 for item in message.messages:
@@ -467,6 +503,7 @@ class PulsarCore(Publishing, VersionAdoption):
         del self._trees[tree.topic.cid]
         self.lazy.stop(tree.topic.cid)
         self.backfill.close(tree.topic.cid)
+        self.frags.close(tree.topic.cid)
         leave = Leave(tree.topic.cid)
         return [ev.Send(peer, leave) for peer in sorted(tree.parents, key=bytes)]
 
@@ -490,7 +527,7 @@ class PulsarCore(Publishing, VersionAdoption):
             return self._reject(peer, problem)
         if peer is not None:
             tree.retries.pop(peer, None)
-        return self._accept(tree, event, msg.hop, peer, now)
+        return self._accept(tree, event, msg.hop, peer, now, fragments=msg.fragments)
 
     def _stale_edge(self, tree: Tree, peer: PeerId | None, now: float) -> Out:
         """A duplicate pushed over an edge we do not hold: a parent we left whose LEAVE was
@@ -525,7 +562,8 @@ class PulsarCore(Publishing, VersionAdoption):
         return self.versions.admit(tree.topic.cid, event)
 
     def _accept(
-        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
+        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float,
+        *, fragments: bool = False,
     ) -> Out:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
@@ -533,6 +571,11 @@ class PulsarCore(Publishing, VersionAdoption):
         out: Out = [ev.StoreLocal(event.cid, event.block)]
         if tree.deliver and hop > self.metrics["max_hop"]:
             self.metrics["max_hop"] = hop
+        if (
+            fragments and sender is not None and isinstance(event.payload, CID)
+            and self.frags.config.enabled
+        ):
+            return out + self._accept_large(tree, event, hop, sender, now)
         out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
@@ -543,6 +586,26 @@ class PulsarCore(Publishing, VersionAdoption):
                 self.metrics["forwarded"] += 1
         out += self.lazy.accepted(tree.topic.cid, event.cid, hop, sender, now)
         self._cover(tree, event.cid, eager, sender)
+        return out
+
+    def _accept_large(
+        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId, now: float
+    ) -> Out:
+        """A large event's EVENT: its fragments follow. The fragment layer relays them (the
+        EVENT first) to the eager links, and tells every other neighbour IDONTWANT; it is
+        delivered once its payload is complete (``_large_completed``)."""
+        topic = tree.topic.cid
+        out: Out = []
+        self._match_request(tree, event, out)
+        eager = self._eager(tree)
+        targets = [p for p in eager if p != sender]
+        tell = sorted((set(eager) | self.lazy.lazy(topic)) - {sender}, key=bytes)
+        head = Event(topic, event.block, hop + 1, True)
+        out += self.frags.receive(topic, event, hop, sender, head, targets, tell, now)
+        self.metrics["forwarded"] += len(targets)
+        if self.frags.config.cut_through:
+            out += self.lazy.accepted(topic, event.cid, hop, sender, now)
+            self._cover(tree, event.cid, eager, sender)
         return out
 
     def _cover(self, tree: Tree, cid: CID, eager: list[PeerId], sender: PeerId | None) -> None:
@@ -557,6 +620,7 @@ class PulsarCore(Publishing, VersionAdoption):
         self.rtt.forget(peer)
         out: Out = self.backfill.peer_down(peer, now)
         out += self.lazy.peer_down(peer)
+        self.frags.peer_down(peer)
         for tree in list(self._trees.values()):
             if peer in tree.children:
                 tree.children.discard(peer)
@@ -591,6 +655,10 @@ class PulsarCore(Publishing, VersionAdoption):
             case RecordTimer():
                 tree = self._trees.get(timer.topic)
                 return [] if tree is None else self._write_record(tree, timer, now)
+            case FragmentTick():
+                return self.frags.on_tick(now)
+            case FragmentStall():
+                return self.frags.on_stall(timer, now)
             case Greet():
                 return []  # a floodsub timer: never set by this core
             case _:
@@ -599,6 +667,8 @@ class PulsarCore(Publishing, VersionAdoption):
     def _on_block_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
         cid, block = fetched.cid, fetched.block
         out: Out = []
+        if self.frags.fetching(cid):
+            out += self.frags.on_fetched(cid, block, now)
         if self.backfill.fetching(cid):
             out += self.backfill.on_fetched(cid, block, now)
         if block is not None and not cid.verifies(block):

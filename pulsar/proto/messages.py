@@ -95,22 +95,33 @@ class Leave:
 @dataclass(frozen=True, slots=True)
 class Event:
     """An event block travelling ``topic``'s tree; ``hop`` counts tree edges from the
-    publisher (for last-delivery-hop figures and Plumtree's tree optimisation)."""
+    publisher (for last-delivery-hop figures and Plumtree's tree optimisation).
+    ``fragments``: the sender pushes the payload's chunk tree right behind it as FRAGMENT
+    messages (a large event; see :mod:`pulsar.proto.fragment_messages`). Optional on the
+    wire (``frags``), left out when false so older peers read the message."""
 
     topic: CID
     block: bytes
     hop: int
+    fragments: bool = False
     T: ClassVar[str] = "event"
 
     def to_wire(self) -> dict[str, Any]:
-        return {"t": self.T, "topic": self.topic, "block": self.block, "hop": self.hop}
+        wire = {"t": self.T, "topic": self.topic, "block": self.block, "hop": self.hop}
+        if self.fragments:
+            wire["frags"] = True
+        return wire
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Event:
+        frags = m.get("frags", False)
+        if frags is not True and frags is not False:
+            raise MessageError("event.frags must be a boolean")
         return cls(
             _cid(m["topic"], "event.topic"),
             _bytes(m["block"], "event.block", 8192),
             _uint(m["hop"], "event.hop", MAX_HOPS),
+            frags,
         )
 
 
@@ -224,7 +235,7 @@ def register(cls: Any, fields: set[str], optional: frozenset[str] = frozenset())
 
 register(Join, {"topic", "block"})
 register(Leave, {"topic"})
-register(Event, {"topic", "block", "hop"})
+register(Event, {"topic", "block", "hop"}, frozenset({"frags"}))
 register(
     RequestToPublish,
     {"topic", "version", "author", "payload", "link", "created", "sig", "parent"},

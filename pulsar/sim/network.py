@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, assert_never
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
+from dag.chunks import split
 from dag.records import heads_record_key
 
 from ..proto import events as ev
@@ -43,6 +44,8 @@ from .routing import IdSpace, KnownPeers, node_id
 __all__ = ["SimNetwork", "SimNode"]
 
 Protocol = Literal["pulsarcast", "floodsub"]
+INLINE_LIMIT = 4096
+"""Payloads above this are split into a chunk tree (``NodeConfig.inline_limit``)."""
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
@@ -242,8 +245,19 @@ class SimNetwork:
 
     def publish(self, node: SimNode, topic: CID, payload: bytes, parent: CID | None = None,
                 content_type: str | None = None) -> int:
+        """As ``Node.publish``: a payload over ``INLINE_LIMIT`` is split into a chunk tree,
+        stored here and in the DHT, and the event links its root (the core then pushes the
+        tree's blocks down the tree when the payload is over the fragment threshold)."""
         self._request += 1
-        self.input(node.peer_id, ev.Publish(topic, payload, parent, self._request,
+        body: bytes | CID = payload
+        if len(payload) > INLINE_LIMIT:
+            root, blocks = split(payload)
+            usable = self._usable_from(node)
+            for cid, block in blocks:
+                node.store[cid] = self._blocks.setdefault(cid, block)
+                self.dht.put_block(cid, block, usable)
+            body = root
+        self.input(node.peer_id, ev.Publish(topic, body, parent, self._request,
                                             content_type))
         return self._request
 
