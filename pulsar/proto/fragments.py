@@ -190,6 +190,7 @@ class Fragments:
         self._tokens = float(self.config.burst)
         self._last_refill: float | None = None
         self._tick_armed = False
+        self._rr = 0
         self.metrics: dict[str, int] = {
             "fragments_received": 0,
             "fragments_sent": 0,
@@ -344,6 +345,10 @@ class Fragments:
                     if index < 0:
                         out.append(self._emit(item, peer))
         waiting_for_time = False
+        # Round-robin across events, carried over between pumps: the event after the one
+        # served last goes first, so a big event cannot starve the others of the budget.
+        start = self._rr % len(queues)
+        queues = queues[start:] + queues[:start]
         while self._tokens > 0 or cfg.rate is None:
             progress = False
             for item in queues:
@@ -354,6 +359,7 @@ class Fragments:
                     waiting_for_time = True
                     continue
                 out.append(self._emit(item, pick))
+                self._rr += 1
                 progress = True
                 if cfg.rate is not None and self._tokens <= 0:
                     break
