@@ -226,7 +226,9 @@ def test_a_stall_check_never_spins_in_place() -> None:
     assert timer.delay >= 0.02
 
 
-def _sim_run(n: int, fragments: FragmentConfig, events: int = 2) -> tuple[SimNetwork, Any, list[float]]:
+def _sim_run(
+    n: int, fragments: FragmentConfig, events: int = 2
+) -> tuple[SimNetwork, Any, list[float]]:
     net = SimNetwork(n, bucket_size=20, latency=0.1, bandwidth=6.25e6,
                      config=CoreConfig(fragments=fragments))
     author = net.node(0)
