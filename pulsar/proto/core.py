@@ -132,6 +132,7 @@ class PulsarCore(Publishing, VersionAdoption):
         )
         self.frags = Fragments(self.config.fragments)
         """Large events along the tree: fragments received, relayed and paced."""
+        self.backfill.coming = self.frags.receiving
         self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
         """Events waiting for the topic version they name, by that version's CID."""
         self._parked_count = 0
@@ -414,7 +415,7 @@ class PulsarCore(Publishing, VersionAdoption):
             case IHave():
                 return self.lazy.on_ihave(peer, message, self._known_in(message.topic), now)
             case Graft():
-                return self.lazy.on_graft(peer, message, now)
+                return self._graft_large(self.lazy.on_graft(peer, message, now), now)
             case Prune():
                 return self.lazy.on_prune(peer, message, now)
             case Shuffle():
@@ -607,6 +608,27 @@ class PulsarCore(Publishing, VersionAdoption):
             out += self.lazy.accepted(topic, event.cid, hop, sender, now)
             self._cover(tree, event.cid, eager, sender)
         return out
+
+    def _graft_large(self, out: Out, now: float) -> Out:
+        """A GRAFT answered with a large event we hold whole: its chunk tree follows as
+        fragments (the EVENT flagged), so the grafting peer is not left to the DHT."""
+        if not self.frags.config.enabled:
+            return out
+        kept: Out = []
+        for item in out:
+            if type(item) is ev.Send and type(item.message) is Event:
+                message = item.message
+                try:
+                    event = EventDescriptor.from_block(message.block)
+                except InvalidDescriptor:
+                    event = None
+                blocks = None if event is None else self._large_blocks(event)
+                if blocks is not None:
+                    head = Event(message.topic, message.block, message.hop, True)
+                    self.frags.add_target(message.topic, head, blocks, item.peer, now)
+                    continue
+            kept.append(item)
+        return kept
 
     def _cover(self, tree: Tree, cid: CID, eager: list[PeerId], sender: PeerId | None) -> None:
         """Who has ``cid`` now or was told of it: HEADS need not name it to them."""

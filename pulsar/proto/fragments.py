@@ -237,6 +237,19 @@ class Fragments:
             out.complete = True
         return []
 
+    def add_target(
+        self, topic: CID, head: Event, blocks: list[tuple[CID, bytes]], peer: PeerId,
+        now: float,
+    ) -> None:
+        """One more peer wants a large event we hold whole (it grafted a lazy link): it
+        gets the EVENT flagged and the chunk tree, like any target."""
+        sending = self._sending.get(cid_of(head.block))
+        if sending is None:
+            self.publish(topic, head, blocks, [peer], now)
+        elif peer not in sending.next:
+            sending.targets.append(peer)
+            sending.next[peer] = -1
+
     def _new_outgoing(
         self, topic: CID, head: Event, targets: list[PeerId], now: float, *, held: bool
     ) -> Outgoing | None:
@@ -338,9 +351,10 @@ class Fragments:
         out: Out = []
         queues: list[Outgoing] = [*self._sending.values(), *self._answers]
         for item in queues:
-            if item.head is not None and not item.held:
+            if item.head is not None:
                 # Every target learns of the event at once (so it neither repairs it nor
-                # takes it from elsewhere, and says IDONTWANT); the blocks are staggered.
+                # takes it from elsewhere, and says IDONTWANT); the blocks are staggered,
+                # and held back until complete without cut-through.
                 for peer, index in item.next.items():
                     if index < 0:
                         out.append(self._emit(item, peer))

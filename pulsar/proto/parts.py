@@ -91,6 +91,9 @@ class CoreParts(ABC):
     @abstractmethod
     def _quorum_reason(self, acks: int, what: str) -> str: ...
 
+    @abstractmethod
+    def _large_blocks(self, event: EventDescriptor) -> list[tuple[CID, bytes]] | None: ...
+
     # -- adoption.py
     @abstractmethod
     def _fetch_version(self, cid: CID) -> Out: ...
