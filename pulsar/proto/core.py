@@ -515,6 +515,8 @@ class PulsarCore(Publishing, VersionAdoption):
             return self._reject(peer, f"event for {msg.topic}, a tree we are not in")
         cid = cid_of(msg.block)
         if cid in tree.seen or self.backfill.known(tree.topic.cid, cid):
+            if msg.also and peer is not None and self.frags.config.enabled:
+                return self._delegated(tree, cid, msg, peer, now)
             self.metrics["duplicates"] += 1
             return self.lazy.duplicate(msg.topic, peer) or self._stale_edge(tree, peer, now)
         try:
@@ -528,7 +530,8 @@ class PulsarCore(Publishing, VersionAdoption):
             return self._reject(peer, problem)
         if peer is not None:
             tree.retries.pop(peer, None)
-        return self._accept(tree, event, msg.hop, peer, now, fragments=msg.fragments)
+        return self._accept(tree, event, msg.hop, peer, now, fragments=msg.fragments,
+                            also=msg.also)
 
     def _stale_edge(self, tree: Tree, peer: PeerId | None, now: float) -> Out:
         """A duplicate pushed over an edge we do not hold: a parent we left whose LEAVE was
@@ -564,7 +567,7 @@ class PulsarCore(Publishing, VersionAdoption):
 
     def _accept(
         self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float,
-        *, fragments: bool = False,
+        *, fragments: bool = False, also: tuple[PeerId, ...] = (),
     ) -> Out:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
@@ -576,7 +579,7 @@ class PulsarCore(Publishing, VersionAdoption):
             fragments and sender is not None and isinstance(event.payload, CID)
             and self.frags.config.enabled
         ):
-            return out + self._accept_large(tree, event, hop, sender, now)
+            return out + self._accept_large(tree, event, hop, sender, now, also)
         out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
@@ -590,7 +593,8 @@ class PulsarCore(Publishing, VersionAdoption):
         return out
 
     def _accept_large(
-        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId, now: float
+        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId, now: float,
+        also: tuple[PeerId, ...] = (),
     ) -> Out:
         """A large event's EVENT: its fragments follow. The fragment layer relays them (the
         EVENT first) to the eager links, and tells every other neighbour IDONTWANT; it is
@@ -602,12 +606,30 @@ class PulsarCore(Publishing, VersionAdoption):
         targets = [p for p in eager if p != sender]
         tell = sorted((set(eager) | self.lazy.lazy(topic)) - {sender}, key=bytes)
         head = Event(topic, event.block, hop + 1, True)
-        out += self.frags.receive(topic, event, hop, sender, head, targets, tell, now)
+        helped = tuple(p for p in also if p != self.me and p != sender)
+        out += self.frags.receive(topic, event, hop, sender, head, targets, tell, now, helped)
         self.metrics["forwarded"] += len(targets)
         if self.frags.config.cut_through:
             out += self.lazy.accepted(topic, event.cid, hop, sender, now)
             self._cover(tree, event.cid, eager, sender)
         return out
+
+    def _delegated(self, tree: Tree, cid: CID, msg: Event, peer: PeerId, now: float) -> Out:
+        """The EVENT again, from a node whose payload fan-out is limited, naming peers
+        (``also``) we are to push the chunk tree to: they have the EVENT from it. From what
+        we are sending (or, if the payload is whole here, from the store)."""
+        peers = [p for p in msg.also if p != self.me and p != peer]
+        if not peers or self.frags.delegate(cid, peers):
+            return []
+        try:
+            event = EventDescriptor.from_block(msg.block, cid)
+        except InvalidDescriptor:
+            return []
+        blocks = self._large_blocks(event)
+        if blocks is not None:
+            head = Event(msg.topic, msg.block, msg.hop, True)
+            self.frags.publish(tree.topic.cid, head, blocks, peers, now, fresh=set())
+        return []
 
     def _graft_large(self, out: Out, now: float) -> Out:
         """A GRAFT answered with a large event we hold whole: its chunk tree follows as

@@ -73,6 +73,11 @@ class FragmentConfig:
     """Relay each fragment as soon as it is verified (False: store-and-forward)."""
     idontwant: bool = True
     """Tell the other neighbours at once when a large event starts arriving."""
+    fanout: int = 3
+    """Targets this node pushes a large event's blocks to itself; every other target gets
+    the EVENT from it and the blocks from one of those, asked by the EVENT's ``also``
+    (0: no limit). A star-shaped tree would otherwise have its root's uplink carry N
+    copies; this turns the payload's path into a tree of degree ``fanout``."""
     stagger_group: int = 2
     """Targets served at a time per event (0: all at once)."""
     stagger_timeout: float = 0.5
@@ -147,9 +152,18 @@ class Outgoing:
 
     topic: CID
     event: CID
-    head: Event | None
+    plain: Event | None
+    """The event unflagged (for targets left without blocks when it is given up)."""
     targets: list[PeerId]
     started: float
+    heads: dict[PeerId, Event] = field(default_factory=dict)
+    """The EVENT each target gets first (flagged; with ``also`` for a helper); a target
+    with none here already has it (it was named in an ``also``)."""
+    announce: list[PeerId] = field(default_factory=list)
+    """Targets that get the EVENT from here and the blocks from a helper."""
+    helping: set[PeerId] = field(default_factory=set)
+    """Targets named in an ``also``: the node that named them sends them no blocks, so
+    their IDONTWANT (said to every neighbour when the EVENT came) does not stop ours."""
     blocks: list[tuple[CID, bytes]] = field(default_factory=list)
     next: dict[PeerId, int] = field(default_factory=dict)
     complete: bool = False
@@ -223,11 +237,12 @@ class Fragments:
 
     def publish(
         self, topic: CID, head: Event, blocks: list[tuple[CID, bytes]], targets: list[PeerId],
-        now: float,
+        now: float, fresh: set[PeerId] | None = None,
     ) -> Out:
-        """Our own large event (its chunk tree in ``blocks``, pre-order) goes to
-        ``targets``."""
-        out = self._new_outgoing(topic, head, targets, now, held=False)
+        """A large event held whole (its chunk tree in ``blocks``, pre-order) goes to
+        ``targets`` (``fresh``: those that need the EVENT too; default all)."""
+        fresh = set(targets) if fresh is None else fresh
+        out = self._new_outgoing(topic, head, targets, fresh, now, held=False)
         if out is not None:
             seen: set[CID] = set()
             for cid, block in blocks:
@@ -248,17 +263,51 @@ class Fragments:
             self.publish(topic, head, blocks, [peer], now)
         elif peer not in sending.next:
             sending.targets.append(peer)
+            sending.heads[peer] = head
             sending.next[peer] = -1
 
+    def delegate(self, event: CID, peers: list[PeerId]) -> bool:
+        """A peer that sent us ``event`` asks us to push its blocks to ``peers`` too (they
+        have the EVENT). False if we are not sending it (the caller starts a sending)."""
+        sending = self._sending.get(event)
+        if sending is None:
+            return False
+        for peer in peers:
+            if peer not in sending.next:
+                sending.targets.append(peer)
+                sending.next[peer] = 0
+                sending.helping.add(peer)
+        return True
+
     def _new_outgoing(
-        self, topic: CID, head: Event, targets: list[PeerId], now: float, *, held: bool
+        self, topic: CID, head: Event, targets: list[PeerId], fresh: set[PeerId], now: float,
+        *, held: bool, keep: bool = False,
     ) -> Outgoing | None:
+        """Start sending ``head``'s event to ``targets`` (``fresh``: those that do not have
+        the EVENT yet; the others were named in an ``also``). With ``keep``, a sending with
+        no target is made too (a relay keeps the blocks for a later ``also``)."""
         event = cid_of(head.block)
-        wanted = [p for p in targets if (p, event) not in self._unwanted]
-        if not wanted or event in self._sending:
+        wanted = [p for p in targets if p not in fresh or (p, event) not in self._unwanted]
+        if (not wanted and not keep) or event in self._sending:
             return None
-        out = Outgoing(topic, event, head, wanted, now, held=held)
-        out.next = dict.fromkeys(wanted, -1)
+        plain = Event(head.topic, head.block, head.hop)
+        out = Outgoing(topic, event, plain, [], now, held=held)
+        limit = self.config.fanout
+        direct = wanted[:limit] if limit and len(wanted) > limit else wanted
+        helped: dict[PeerId, list[PeerId]] = {p: [] for p in direct}
+        for i, peer in enumerate(wanted[len(direct):]):
+            helped[direct[i % len(direct)]].append(peer)
+            if peer in fresh:
+                out.announce.append(peer)
+        for peer in direct:
+            if helped[peer]:
+                out.heads[peer] = Event(head.topic, head.block, head.hop, True,
+                                        tuple(helped[peer]))
+            elif peer in fresh:
+                out.heads[peer] = head
+        out.targets = list(direct)
+        out.next = {p: (-1 if p in out.heads else 0) for p in direct}
+        out.helping = {p for p in direct if p not in fresh}
         self._sending[event] = out
         return out
 
@@ -286,6 +335,8 @@ class Fragments:
             if partial is not None:
                 partial.sources[peer] = None
             out = self._sending.get(event)
+            if out is not None and peer in out.helping:
+                continue
             if out is not None and peer in out.next:
                 self.metrics["fragments_saved"] += len(out.blocks) - max(0, out.next[peer])
                 del out.next[peer]
@@ -351,13 +402,15 @@ class Fragments:
         out: Out = []
         queues: list[Outgoing] = [*self._sending.values(), *self._answers]
         for item in queues:
-            if item.head is not None:
-                # Every target learns of the event at once (so it neither repairs it nor
-                # takes it from elsewhere, and says IDONTWANT); the blocks are staggered,
-                # and held back until complete without cut-through.
-                for peer, index in item.next.items():
-                    if index < 0:
-                        out.append(self._emit(item, peer))
+            # Every target learns of the event at once (so it neither repairs it nor takes
+            # it from elsewhere, and says IDONTWANT); the blocks are staggered, and held
+            # back until complete without cut-through.
+            for peer in item.announce:
+                out.append(ev.Send(peer, item.heads.get(peer) or self._flagged(item)))
+            item.announce = []
+            for peer, index in item.next.items():
+                if index < 0:
+                    out.append(self._emit(item, peer))
         waiting_for_time = False
         # Round-robin across events, carried over between pumps: the event after the one
         # served last goes first, so a big event cannot starve the others of the budget.
@@ -430,17 +483,22 @@ class Fragments:
     def _emit(self, item: Outgoing, peer: PeerId) -> ev.OutEvent:
         index = item.next[peer]
         if index < 0:
-            assert item.head is not None
+            head = item.heads[peer]
             item.next[peer] = 0
             if self.config.rate is not None:
-                self._tokens -= len(item.head.block)
-            return ev.Send(peer, item.head)
+                self._tokens -= len(head.block)
+            return ev.Send(peer, head)
         cid, block = item.blocks[index]
         item.next[peer] = index + 1
         if self.config.rate is not None:
             self._tokens -= len(block)
         self.metrics["fragments_sent"] += 1
         return ev.Send(peer, Fragment(item.topic, item.event, cid, block))
+
+    @staticmethod
+    def _flagged(item: Outgoing) -> Event:
+        assert item.plain is not None
+        return Event(item.plain.topic, item.plain.block, item.plain.hop, True)
 
     def _has_work(self, now: float) -> bool:
         for item in [*self._sending.values(), *self._answers]:
@@ -461,6 +519,7 @@ class Fragments:
     def receive(
         self, topic: CID, event: EventDescriptor, hop: int, sender: PeerId, head: Event,
         targets: list[PeerId], tell: list[PeerId], now: float,
+        also: tuple[PeerId, ...] = (),
     ) -> Out:
         """A large event's EVENT arrived (flagged ``frags``): expect its chunk tree, queue it
         for ``targets`` as it comes (held until complete without cut-through), and tell
@@ -478,7 +537,9 @@ class Fragments:
         partial = Partial(topic, event, hop, sender, now, {root: None}, now)
         partial.sources[sender] = None
         self._partials[event.cid] = partial
-        self._new_outgoing(topic, head, targets, now, held=not cfg.cut_through)
+        fresh = set(targets)
+        every = targets + [p for p in also if p not in fresh]
+        self._new_outgoing(topic, head, every, fresh, now, held=not cfg.cut_through, keep=True)
         if cfg.idontwant and tell:
             message = IDontWant(topic, (event.cid,))
             for peer in tell:
@@ -627,8 +688,10 @@ class Fragments:
         out: Out = []
         sending = self._sending.get(partial.event.cid)
         if sending is not None:
-            assert sending.head is not None
-            plain = Event(sending.head.topic, sending.head.block, sending.head.hop)
+            plain = sending.plain
+            assert plain is not None
+            for peer in sending.announce:
+                out.append(ev.Send(peer, plain))
             for peer, index in sending.next.items():
                 if index < 0:
                     out.append(ev.Send(peer, plain))

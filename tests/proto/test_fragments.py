@@ -128,7 +128,7 @@ def test_idontwant_stops_fragments_to_that_peer() -> None:
 def test_staggered_groups_start_in_turn() -> None:
     """Groups of two: every target gets the EVENT at once, but the blocks go to the first
     group only until the stagger timeout, then to the next."""
-    frags = Fragments(FragmentConfig(stagger_group=2, stagger_timeout=0.5))
+    frags = Fragments(FragmentConfig(stagger_group=2, stagger_timeout=0.5, fanout=0))
     event, blocks = _large()
     # A relay whose blocks are still arriving: group one stays behind the upstream.
     frags.receive(TOPIC.cid, event, 1, PEERS[6], _head(event, 2), PEERS[:4], [], 0.0)
@@ -142,12 +142,43 @@ def test_staggered_groups_start_in_turn() -> None:
     order = [p for p, m in _sends(out) if isinstance(m, Fragment)]
     assert set(order[:2]) == set(PEERS[:2]) and set(order[2:]) == set(PEERS[2:4])
     # A publisher has every block at once: group two waits for its turn (the timeout).
-    pub = Fragments(FragmentConfig(stagger_group=2, stagger_timeout=0.5, rate=1e6))
+    pub = Fragments(FragmentConfig(stagger_group=2, stagger_timeout=0.5, rate=1e6, fanout=0))
     pub.publish(TOPIC.cid, _head(event), blocks, PEERS[:4], 0.0)
     early = _sends(pub.pump(0.0)) + _sends(pub.on_tick(0.1))
     assert {p for p, m in early if isinstance(m, Fragment)} == set(PEERS[:2])
     late = _sends(pub.on_tick(0.6))
     assert set(PEERS[2:4]) <= {p for p, m in late if isinstance(m, Fragment)}
+
+
+def test_payload_fanout_is_limited_by_delegating_to_helpers() -> None:
+    """Five targets, fan-out two: every target gets the EVENT from us, but the blocks go to
+    two helpers only, whose EVENT asks them (``also``) to push the blocks to the other
+    three."""
+    frags = Fragments(FragmentConfig(stagger_group=0, fanout=2))
+    event, blocks = _large()
+    frags.publish(TOPIC.cid, _head(event), blocks, PEERS[:5], 0.0)
+    sent = _sends(frags.pump(0.0))
+    heads = {p: m for p, m in sent if isinstance(m, Event)}
+    assert set(heads) == set(PEERS[:5])
+    assert heads[PEERS[0]].also == (PEERS[2], PEERS[4])
+    assert heads[PEERS[1]].also == (PEERS[3],)
+    assert all(not heads[p].also for p in PEERS[2:5])
+    assert {p for p, m in sent if isinstance(m, Fragment)} == set(PEERS[:2])
+    assert decode_message(encode_message(heads[PEERS[0]])) == heads[PEERS[0]]
+    # A helper relaying as it receives: its sending covers the peers it was asked to help,
+    # without the EVENT (they have it), even those that told it IDONTWANT (as receivers).
+    helper = Fragments(FragmentConfig(stagger_group=0, fanout=0))
+    helper.on_idontwant(PEERS[2], IDontWant(TOPIC.cid, (event.cid,)))
+    helper.receive(TOPIC.cid, event, 1, PEERS[6], _head(event, 2), [], [], 0.0,
+                   also=(PEERS[2], PEERS[4]))
+    cid, block = blocks[0]
+    out = helper.on_fragment(PEERS[6], Fragment(TOPIC.cid, event.cid, cid, block), 0.0)
+    out += helper.pump(0.0)
+    assert sorted(bytes(p) for p, _ in _sends(out)) == sorted([bytes(PEERS[2]), bytes(PEERS[4])])
+    assert all(isinstance(m, Fragment) for _, m in _sends(out))
+    # Asked again later (a duplicate EVENT with ``also``): more targets, same sending.
+    assert helper.delegate(event.cid, [PEERS[5]])
+    assert [p for p, _ in _sends(helper.pump(0.1))] == [PEERS[5]]
 
 
 def test_pacing_rotates_between_queued_events() -> None:
