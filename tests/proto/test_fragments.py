@@ -292,6 +292,15 @@ def test_simulated_network_with_bandwidth_delivers_complete_payloads_faster() ->
         for event in delivered:
             assert local_blocks(event.payload, node.store.get) is not None
     cut_bytes = net.bytes_sent
+    # The payload went through helpers (fan-out 3 under a star-shaped tree) without a
+    # duplicate, a stall, a DHT fetch or a give-up.
+    totals: dict[str, int] = {}
+    for node in net._order:
+        for key, value in node.core.counters().items():
+            totals[key] = totals.get(key, 0) + value
+    assert totals["large_completed"] == 2 * 19  # every node but the publisher, per event
+    assert totals["fragments_duplicate"] == totals["fwant_sent"] == 0
+    assert totals["fragment_fetches"] == totals["large_given_up"] == 0
     slow = FragmentConfig(rate=6e6, cut_through=False, idontwant=False, stagger_group=0)
     net2, _, saf = _sim_run(20, slow)
     assert cut[len(cut) // 2] < saf[len(saf) // 2]
