@@ -35,6 +35,7 @@ arrived and verified. The core delivers a large event only when its payload is c
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from dag.errors import ChunkError
 from . import events as ev
 from .events import Out
 from .fragment_messages import MAX_WANTED, Fragment, FWant, IDontWant
-from .messages import Event
+from .messages import MAX_ALSO, Event
 from .timers import FragmentStall, FragmentTick
 
 __all__ = ["Completed", "FragmentConfig", "Fragments", "Outgoing", "Partial"]
@@ -293,6 +294,9 @@ class Fragments:
         plain = Event(head.topic, head.block, head.hop)
         out = Outgoing(topic, event, plain, [], now, held=held)
         limit = self.config.fanout
+        if limit:
+            # Enough helpers that none is named more than MAX_ALSO peers to help.
+            limit = max(limit, math.ceil(len(wanted) / (MAX_ALSO + 1)))
         direct = wanted[:limit] if limit and len(wanted) > limit else wanted
         helped: dict[PeerId, list[PeerId]] = {p: [] for p in direct}
         for i, peer in enumerate(wanted[len(direct):]):

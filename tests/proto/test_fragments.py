@@ -13,7 +13,7 @@ from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig
 from pulsar.proto.fragment_messages import Fragment, FWant, IDontWant
 from pulsar.proto.fragments import FragmentConfig, Fragments
-from pulsar.proto.messages import Event, decode_message, encode_message
+from pulsar.proto.messages import MAX_ALSO, Event, decode_message, encode_message
 from pulsar.proto.timers import FragmentStall
 from pulsar.sim import SimNetwork
 
@@ -179,6 +179,17 @@ def test_payload_fanout_is_limited_by_delegating_to_helpers() -> None:
     # Asked again later (a duplicate EVENT with ``also``): more targets, same sending.
     assert helper.delegate(event.cid, [PEERS[5]])
     assert [p for p, _ in _sends(helper.pump(0.1))] == [PEERS[5]]
+
+
+def test_no_helper_is_asked_to_help_more_peers_than_the_wire_allows() -> None:
+    many = [Identity.from_seed(i.to_bytes(2, "big") * 16).peer_id for i in range(300)]
+    frags = Fragments(FragmentConfig(stagger_group=0, fanout=2))
+    event, blocks = _large()
+    frags.publish(TOPIC.cid, _head(event), blocks, many, 0.0)
+    heads = [m for _, m in _sends(frags.pump(0.0)) if isinstance(m, Event)]
+    assert len(heads) == 300
+    assert max(len(h.also) for h in heads) <= MAX_ALSO
+    assert sum(len(h.also) for h in heads) == 300 - sum(1 for h in heads if h.also)
 
 
 def test_pacing_rotates_between_queued_events() -> None:
