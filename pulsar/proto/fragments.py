@@ -25,10 +25,10 @@ Two halves, one per direction, both sans-I/O:
   uplink's bytes/s) fragments are paced by a token bucket and taken round-robin across the
   events queued, so a small event (never queued here) goes out ahead of the rest of a big
   one and one big event does not hold another back. A peer that said IDONTWANT, or went
-  down, is dropped from every target list. At most ``fanout`` targets get the blocks from this node; the
-  others get the EVENT from it and the blocks from one of those helpers, named in the
-  helper's EVENT (``also``): a star-shaped tree's root would otherwise send one copy per
-  member, and cut-through pipelines best along a deep path.
+  down, is dropped from every target list. At most ``fanout`` targets get the blocks
+  from this node; the others get the EVENT from it and the blocks from one of those
+  helpers, named in the helper's EVENT (``also``): a star-shaped tree's root would
+  otherwise send one copy per member, and cut-through pipelines best along a deep path.
 
 Cut-through: with ``cut_through`` a relay queues each verified fragment for its targets at
 once; without it (store-and-forward, the baseline) it sends nothing until the whole payload
