@@ -60,6 +60,35 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+async def raw_body(request: web.Request, limit: int) -> bytes:
+    """The body as bytes, read as it streams in: refused (``413``) as soon as it passes
+    ``limit`` (by its declared length, or by what arrived), so an over-sized upload is
+    never buffered whole; ``408`` when it does not arrive within the body timeout."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise Problem(413, "payload-too-large", f"payload is {declared} bytes; the limit is "
+                      f"{limit}")
+    timeout = request.app[LIMITS_KEY].body_timeout
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_chunked(RAW_CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise Problem(413, "payload-too-large", f"payload is over the limit of "
+                                  f"{limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Problem(408, "request-timeout", f"the body did not arrive within {timeout:g} "
+                      "s") from None
+    return b"".join(chunks)
+
+
+RAW_CHUNK = 64 * 1024
+"""Bytes read at a time from a streamed upload."""
+
+
 def check_fields(body: dict[str, Any], allowed: frozenset[str] | set[str]) -> None:
     unknown = set(body) - allowed
     if unknown:

@@ -29,6 +29,10 @@ BODY_BYTES: Final = 2 * 1024 * 1024
 """Largest request body (a 1 MiB payload as base64 fits with room to spare)."""
 PAYLOAD_BYTES: Final = 1024 * 1024
 """Largest event payload accepted over HTTP (bigger ones go into chunk trees in the DHT)."""
+RAW_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
+"""Largest payload of a raw (``application/octet-stream``) publish: the node's own limit on
+an event (``core.fragments.max_event_size``), 16 MiB by default; the body streams in and is
+refused as soon as it passes the limit."""
 JSON_DEPTH: Final = 64
 """Deepest nesting of arrays and objects in a request body (the body itself is depth 1)."""
 PAGE_EVENTS: Final = 1000
@@ -50,6 +54,7 @@ LIMITS: Final[dict[str, int]] = {
     "encoded topic descriptor (bytes)": DESCRIPTOR_BYTES,
     "request body (bytes)": BODY_BYTES,
     "event payload (bytes)": PAYLOAD_BYTES,
+    "raw event payload (bytes)": RAW_PAYLOAD_BYTES,
     "JSON nesting depth of a body": JSON_DEPTH,
     "events per JSON history page": PAGE_EVENTS,
     "event JSON per history page (bytes)": PAGE_BYTES,

@@ -68,6 +68,21 @@ def _op(summary: str, responses: dict[str, Any], *, params: list[Any] | None = N
     return op
 
 
+def _raw_upload(op: dict[str, Any]) -> dict[str, Any]:
+    """The publish operation also takes the payload itself as the body (streamed, up to the
+    node's limit on an event), its media type and parent as query parameters."""
+    op["requestBody"]["content"]["application/octet-stream"] = {
+        "schema": {"type": "string", "format": "binary"},
+        "x-max-bytes": limits.RAW_PAYLOAD_BYTES}
+    op["parameters"] = [*op["parameters"],
+                        _param("content_type", "query",
+                               {"type": "string", "maxLength": MAX_CONTENT_TYPE,
+                                "pattern": f"^{CONTENT_TYPE_PATTERN}$"},
+                               "raw upload: the payload's media type"),
+                        _param("parent", "query", _CID, "raw upload: a CUSTOM parent")]
+    return op
+
+
 def _param(name: str, where: str, schema: dict[str, Any], description: str,
            required: bool = False) -> dict[str, Any]:
     return {"name": name, "in": where, "required": required or where == "path",
@@ -238,8 +253,8 @@ def openapi_document() -> dict[str, Any]:
             "200": _json({"type": "object", "properties": {"versions": {
                 "type": "array", "items": _ref("Topic")}}}, "versions")}, params=[_PATH_CID])},
         "/v1/topics/{cid}/events": {
-            "post": _op("Publish an event", {"201": event}, params=[_PATH_CID],
-                        body=_ref("PublishRequest"), auth=True),
+            "post": _raw_upload(_op("Publish an event", {"201": event}, params=[_PATH_CID],
+                                    body=_ref("PublishRequest"), auth=True)),
             "get": _op("History from the delivery log", {
                 "200": {"description": "a page, NDJSON, or the bulk format",
                         "content": {"application/json": {"schema": _ref("HistoryPage")},

@@ -7,8 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from dag import CID, EventDescriptor, EventLinking, TopicDescriptor
-from pulsar import EventNotFound, Node, NotPersisted, PublishError
+from dag import CID, EventDescriptor, EventLinking, TopicDescriptor, check_content_type
+from dag.errors import SchemaError
+from pulsar import EventNotFound, Node, NotPersisted, PayloadTooLarge, PublishError
 
 from .common import (
     check_fields,
@@ -16,6 +17,7 @@ from .common import (
     json_response,
     node_of,
     path_cid,
+    raw_body,
     topic_of,
 )
 from .limits import (
@@ -174,21 +176,49 @@ async def event_view(node: Node, event: EventDescriptor, **position: Any) -> dic
 @routes.post("/v1/topics/{cid}/events")
 async def publish(request: web.Request) -> web.Response:
     topic: TopicDescriptor = await topic_of(request)
-    body = await json_body(request)
-    check_fields(body, _PUBLISH_FIELDS)
-    payload, content_type = parse_payload(body, MAX_PAYLOAD)
-    parent = body.get("parent")
-    parent_cid = None if parent is None else parse_cid(parent, "parent")
     node = node_of(request)
+    if request.content_type == RAW_TYPE:
+        # The payload's bytes as the body, streamed: up to the node's own limit on an
+        # event (core.fragments.max_event_size, 16 MiB by default), past the JSON body's.
+        payload, content_type, parent = await _raw_publish(request, node)
+    else:
+        body = await json_body(request)
+        check_fields(body, _PUBLISH_FIELDS)
+        payload, content_type = parse_payload(body, MAX_PAYLOAD)
+        parent = body.get("parent")
+    parent_cid = None if parent is None else parse_cid(parent, "parent")
     try:
         event = await node.publish(topic.cid, payload, parent=parent_cid,
                                    content_type=content_type)
     except NotPersisted as exc:
         raise Problem(503, "not-persisted", str(exc)) from None
+    except PayloadTooLarge as exc:
+        raise Problem(413, "payload-too-large", str(exc)) from None
     except PublishError as exc:
         raise Problem(403, "publish-refused", str(exc)) from None
     answer = event_json(event, payload)
     return json_response(answer, status=201, headers={"Location": f"/v1/events/{event.cid}"})
+
+
+RAW_TYPE = "application/octet-stream"
+"""A publish whose body is the payload itself (streamed), not a JSON document."""
+
+
+async def _raw_publish(request: web.Request, node: Node) -> tuple[bytes, str | None, Any]:
+    """Payload, media type (query ``content_type``) and parent (query ``parent``) of a
+    raw upload."""
+    unknown = set(request.query) - {"content_type", "parent"}
+    if unknown:
+        raise Problem(400, "invalid-field", f"unknown query parameters: {sorted(unknown)}; "
+                      "a raw upload takes content_type and parent")
+    content_type = request.query.get("content_type")
+    if content_type is not None:
+        try:
+            check_content_type(content_type)
+        except SchemaError as exc:
+            raise Problem(400, "invalid-field", f"content_type: {exc}") from None
+    payload = await raw_body(request, node.config.core.fragments.max_event_size)
+    return payload, content_type, request.query.get("parent")
 
 
 @routes.get("/v1/events/{cid}")

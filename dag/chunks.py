@@ -24,6 +24,8 @@ __all__ = [
     "DEFAULT_FANOUT",
     "MAX_PAYLOAD_SIZE",
     "assemble",
+    "local_blocks",
+    "parse_node",
     "split",
 ]
 
@@ -114,6 +116,40 @@ async def assemble(
 
     _, pieces = await walk(root, 0, max_size)
     return b"".join(pieces)
+
+
+def local_blocks(
+    root: CID, get: Callable[[CID], bytes | None], *, max_blocks: int = 1 << 16
+) -> list[Block] | None:
+    """Every block of the chunk tree under ``root`` that ``get`` holds, node before its
+    children (pre-order: the order in which a receiver can verify each block against a CID
+    it already trusts); None if one is missing or malformed, or there are more than
+    ``max_blocks``."""
+    out: list[Block] = []
+    stack = [(root, 0)]
+    while stack:
+        cid, depth = stack.pop()
+        block = get(cid)
+        if block is None or not cid.verifies(block) or len(out) >= max_blocks:
+            return None
+        out.append((cid, block))
+        if cid.codec == DAG_CBOR:
+            if depth >= MAX_DEPTH:
+                return None
+            try:
+                _, links = parse_node(cid, block)
+            except ChunkError:
+                return None
+            stack.extend((link, depth + 1) for link in reversed(links))
+        elif cid.codec != RAW:
+            return None
+    return out
+
+
+def parse_node(cid: CID, block: bytes) -> tuple[int, list[CID]]:
+    """The declared size and the links of a chunk-tree node (:class:`ChunkError` if it is
+    not one)."""
+    return _parse_node(cid, block)
 
 
 def _parse_node(cid: CID, block: bytes) -> tuple[int, list[CID]]:

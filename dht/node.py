@@ -217,6 +217,17 @@ class DhtNode:
         await self._put_blocks(blocks)
         return root
 
+    async def put_chunks(self, items: Sequence[tuple[CID, bytes]], *,
+                         quorum: int | None = None) -> list[PutResult]:
+        """Store the blocks of a chunk tree already split (``dag.chunks.split``): a node
+        that pushes the same blocks down its trees stores exactly those. Each must match
+        its CID."""
+        for cid, block in items:
+            check_block_size(block)
+            if not cid.verifies(block):
+                raise ValueError(f"block does not match {cid}")
+        return await self._put_blocks(items, quorum)
+
     async def _put_blocks(self, items: Sequence[tuple[CID, bytes]],
                           quorum: int | None = None) -> list[PutResult]:
         self._check_running()

@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import NodeConfig
-    from .node import EventNotFound, LogEntry, Node, NotPersisted, PublishError, TopicNotFound
+    from .node import (
+        EventNotFound,
+        LogEntry,
+        Node,
+        NotPersisted,
+        PayloadTooLarge,
+        PublishError,
+        TopicNotFound,
+    )
     from .runtime.subscription import Subscription
 
 __all__ = [
@@ -21,6 +29,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NotPersisted",
+    "PayloadTooLarge",
     "PublishError",
     "Subscription",
     "TopicNotFound",
@@ -32,6 +41,7 @@ _WHERE = {
     "LogEntry": ".node",
     "Node": ".node",
     "NotPersisted": ".node",
+    "PayloadTooLarge": ".node",
     "PublishError": ".node",
     "TopicNotFound": ".node",
     "Subscription": ".runtime.subscription",

@@ -79,6 +79,21 @@ def _bench(args: argparse.Namespace) -> int:
 
         _print_json(asyncio.run(bench_transport(frames=args.events or 50_000)))
         return 0
+    if args.name == "large" and args.sim:
+        from .sim.large import sim_large
+
+        _print_json(sim_large(nodes=args.nodes or 1000, events=args.events or 3,
+                              mbps=args.mbps, link_ms=args.link_ms, seed=args.seed,
+                              interval=args.seconds or 4.0))
+        return 0
+    if args.name == "large":
+        from .bench.large import bench_large
+
+        _print_json(asyncio.run(bench_large(
+            nodes=args.nodes or 30, events=args.events or 5, mbps=args.mbps,
+            link_ms=args.link_ms, interval=args.seconds or 4.0,
+        )))
+        return 0
     print(f"unknown benchmark {args.name!r}", file=sys.stderr)
     return 2
 
@@ -87,8 +102,8 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "publish", "spark", "topics",
-                 "tree", "transport"],
+        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish", "spark",
+                 "topics", "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
@@ -100,6 +115,12 @@ def _add_bench(sub: Any) -> None:
         "--history", type=int, default=None, help="events to backfill and replay (delivery)"
     )
     bench.add_argument("--seed", type=int, default=1, help="fault and crash seed (delivery)")
+    bench.add_argument("--mbps", type=float, default=50.0,
+                       help="uplink of every node, Mbit/s (large: 50)")
+    bench.add_argument("--link-ms", type=float, default=100.0,
+                       help="one-way link latency, ms (large: 100)")
+    bench.add_argument("--sim", action="store_true",
+                       help="large: run the workload in the simulator (default 1000 nodes)")
     bench.set_defaults(handler=_bench)
 
 

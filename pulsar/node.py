@@ -34,6 +34,7 @@ from dag import (
     TopicDescriptor,
     check_content_type,
 )
+from dag.chunks import assemble, split
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 
@@ -50,7 +51,10 @@ from .runtime.replay import replay_history
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 
-__all__ = ["EventNotFound", "LogEntry", "Node", "NotPersisted", "PublishError", "TopicNotFound"]
+__all__ = [
+    "EventNotFound", "LogEntry", "Node", "NotPersisted", "PayloadTooLarge", "PublishError",
+    "TopicNotFound",
+]
 
 log = logging.getLogger("pulsar.node")
 
@@ -71,6 +75,11 @@ class PublishError(RuntimeError):
 class NotPersisted(PublishError):
     """Fewer DHT nodes than ``min_acks`` stored the event (or topic): it was not published.
     The network, not the caller, is at fault; trying again later may succeed."""
+
+
+class PayloadTooLarge(PublishError, ValueError):
+    """The payload is over the node's limit (``core.fragments.max_event_size``): refused at
+    once, before anything is stored or sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,18 +682,42 @@ class Node:
         way down the tree; raises :class:`PublishError` otherwise."""
         if not isinstance(payload, bytes):
             raise TypeError("payload must be bytes")
+        limit = self.config.core.fragments.max_event_size
+        if len(payload) > limit:
+            raise PayloadTooLarge(
+                f"payload of {len(payload)} bytes is over this node's limit of {limit} bytes "
+                "(core.fragments.max_event_size)"
+            )
         check_content_type(content_type)
         first, later = await self._lineage(topic_cid)
         await self._resume_pending(first.cid)
         if self.core.tree(first.cid) is None:
             await self._join(first, deliver=False, versions=later)
         body: bytes | CID = payload
+        chunks: asyncio.Task[Any] | None = None
+        fragments = self.config.core.fragments
         if len(payload) > self.config.inline_limit:
-            body = await self.dht.put_large(payload)
+            if (fragments.enabled and len(payload) > fragments.threshold
+                    and self.config.protocol == "pulsarcast"):
+                # Travels the tree as fragments: the core reads the chunk tree from the local
+                # store (written now, before the command), and the DHT copy (for history and
+                # repair) is written alongside, not before, the tree push.
+                body, blocks = split(payload)
+                self.store.put_many(blocks, pinned=True)
+                quorum = max(1, self.config.core.min_acks)
+                chunks = self._spawn(self.dht.put_chunks(blocks, quorum=quorum))
+            else:
+                body = await self.dht.put_large(payload)
         request = next(self._requests)
-        event: EventDescriptor = await self._command(
-            request, ev.Publish(first.cid, body, parent, request, content_type)
-        )
+        try:
+            event: EventDescriptor = await self._command(
+                request, ev.Publish(first.cid, body, parent, request, content_type)
+            )
+        finally:
+            if chunks is not None:
+                stored = await asyncio.gather(chunks, return_exceptions=True)
+                if isinstance(stored[0], BaseException):
+                    log.warning("chunk tree %s not stored in the DHT: %s", body, stored[0])
         return event
 
     def replay(
@@ -705,10 +738,17 @@ class Node:
         return replay_history(self, topic_cid, since=since, until=until, limit=limit)
 
     async def payload_of(self, event: EventDescriptor) -> bytes:
-        """The event's payload, reassembling (and verifying) a chunk tree if needed."""
+        """The event's payload, reassembling (and verifying) a chunk tree if needed: from
+        the blocks held here (a large event's fragments, written as they arrived), the
+        others from the DHT."""
         if isinstance(event.payload, bytes):
             return event.payload
-        return await self.dht.get_large(event.payload)
+
+        async def fetch(cid: CID) -> bytes:
+            local = self._local_block(cid)
+            return local if local is not None else await self.dht.get(cid)
+
+        return await assemble(event.payload, fetch)
 
     # ------------------------------------------------------------------ I/O callbacks
 

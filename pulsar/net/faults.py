@@ -23,6 +23,15 @@ head-of-line delay, which is what jitter does to a TCP stream. With ``reorder=Tr
 frame keeps its own delay and frames may arrive out of order, to test the protocol against
 a network that reorders.
 
+Bandwidth: ``bandwidth`` (bytes per second, None for unlimited) models each sender's
+uplink as a token bucket that empties at that rate: a DATA frame leaves the uplink once the
+frames queued on it before (to any peer) are out, so its hold grows by its own size over the
+rate plus the backlog of the sending node. ``latency`` is added after that (propagation),
+so a 1 MiB burst at 50 Mbit/s costs ~168 ms of serialisation plus the link latency, as on a
+real access link. Only the sender's uplink is modelled (downlinks are taken as wide);
+the transport passes the frame size and its clock's ``now`` in, so this module still reads
+no clock.
+
 One injector may be shared by all the transports of a testbed (decisions take the sending
 and receiving peer ids), or each transport may have its own. Random draws happen in the
 order frames are sent, so a single sender with a given seed always drops the same frames.
@@ -54,7 +63,9 @@ class FaultStats:
     dropped_control: int = 0
     """PING/PONG/GOAWAY frames not sent across a partition or block."""
     delayed: int = 0
-    """Outgoing DATA frames held back by ``latency``/``jitter``."""
+    """Outgoing DATA frames held back by ``latency``/``jitter``/``bandwidth``."""
+    shaped_bytes: int = 0
+    """Bytes of DATA frames that went through the bandwidth limit."""
     refused_connections: int = 0
     """Dials not attempted and handshakes refused across a partition or block."""
 
@@ -81,6 +92,8 @@ class FaultInjector:
         latency: float = 0.0,
         jitter: float = 0.0,
         reorder: bool = False,
+        bandwidth: float | None = None,
+        burst: int = 16 * 1024,
     ) -> None:
         self.rng = random.Random(seed)
         self.stats = FaultStats()
@@ -91,6 +104,14 @@ class FaultInjector:
         self.drop_rate = drop_rate
         self.latency = latency
         self.jitter = jitter
+        self._bandwidth: float | None = None
+        self.bandwidth = bandwidth
+        if burst < 0:
+            raise ValueError(f"burst must not be negative, got {burst}")
+        self.burst = burst
+        """Bytes a sender may put on its uplink at once without waiting (a NIC's buffer)."""
+        self._uplink_free: dict[PeerId, float] = {}
+        """Per sender: when its uplink will have sent everything queued on it so far."""
         self._groups: dict[PeerId, int] = {}
         self._blocked: set[PeerId] = set()
 
@@ -124,6 +145,21 @@ class FaultInjector:
     @jitter.setter
     def jitter(self, value: float) -> None:
         self._jitter = _seconds("jitter", value)
+
+    @property
+    def bandwidth(self) -> float | None:
+        """Bytes per second each sender's uplink carries (None: unlimited)."""
+        return self._bandwidth
+
+    @bandwidth.setter
+    def bandwidth(self, value: float | None) -> None:
+        if value is not None and not (math.isfinite(value) and value > 0.0):
+            raise ValueError(f"bandwidth must be a positive number of bytes/s, got {value}")
+        self._bandwidth = None if value is None else float(value)
+
+    def uplink_backlog(self, src: PeerId, now: float) -> float:
+        """Seconds of traffic queued on ``src``'s uplink at ``now`` (0.0: idle)."""
+        return max(0.0, self._uplink_free.get(src, now) - now)
 
     # --- partitions and blocks --------------------------------------------------------------
 
@@ -164,9 +200,12 @@ class FaultInjector:
 
     # --- decisions the transport asks for ---------------------------------------------------
 
-    def outgoing(self, src: PeerId, dst: PeerId) -> float | None:
-        """For one DATA frame from ``src`` to ``dst``: None to drop it, else the seconds to
-        hold it (0.0: write now)."""
+    def outgoing(
+        self, src: PeerId, dst: PeerId, size: int = 0, now: float = 0.0
+    ) -> float | None:
+        """For one DATA frame of ``size`` bytes from ``src`` to ``dst`` sent at ``now``
+        (the transport's clock): None to drop it, else the seconds to hold it (0.0: write
+        now)."""
         if self._blocked and (src in self._blocked or dst in self._blocked):
             self.stats.dropped_blocked += 1
             return None
@@ -179,9 +218,21 @@ class FaultInjector:
         delay = self._latency
         if self._jitter:
             delay += self.rng.uniform(0.0, self._jitter)
+        if self._bandwidth is not None:
+            delay += self._shape(src, size, now)
         if delay:
             self.stats.delayed += 1
         return delay
+
+    def _shape(self, src: PeerId, size: int, now: float) -> float:
+        """The token bucket: seconds until this frame is through ``src``'s uplink, beyond
+        the first ``burst`` bytes of backlog (those go at once)."""
+        assert self._bandwidth is not None
+        self.stats.shaped_bytes += size
+        start = max(self._uplink_free.get(src, now), now)
+        done = start + size / self._bandwidth
+        self._uplink_free[src] = done
+        return max(0.0, done - now - self.burst / self._bandwidth)
 
     def incoming(self, src: PeerId, dst: PeerId) -> bool:
         """Whether a DATA frame that arrived from ``src`` at ``dst`` is delivered; only

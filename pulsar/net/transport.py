@@ -393,6 +393,7 @@ class Transport:
         faults = self.faults
         stats = self.stats
         pack = _DATA_HEAD.pack
+        loop_time = asyncio.get_running_loop().time
         batch: list[bytes] = []
         size = 0
         sent = 0
@@ -401,7 +402,7 @@ class Transport:
             payload = queue.popleft()
             frame = pack(len(payload) + 1, 0) + payload  # framing.encode_data, inlined
             if faults is not None:
-                delay = faults.outgoing(self.peer_id, p.id)
+                delay = faults.outgoing(self.peer_id, p.id, len(frame), loop_time())
                 if delay is None:
                     stats.frames_dropped += 1
                     continue

@@ -116,6 +116,8 @@ class AntiEntropy(BackfillParts):
                 gap.peer = peer  # a neighbour has it: its next request is a WANT, not the DHT
             if head in state.settled or head in state.held or gap is not None:
                 continue
+            if self.coming(head):
+                continue
             until = state.failed.get(head)
             if until is not None:
                 if until > now:

@@ -73,6 +73,7 @@ or never-sent event on one branch is otherwise invisible until a descendant name
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import assert_never
 
 from dag import CID, EventDescriptor
@@ -114,6 +115,10 @@ __all__ = [
 ]
 
 
+def _never_coming(cid: CID) -> bool:
+    return False
+
+
 def _never_delivered(topic: CID, cid: CID) -> bool:
     return False
 
@@ -143,6 +148,10 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
         self._lookup = lookup
         self._verify = verify
         self._is_delivered = is_delivered or _never_delivered
+        self.coming: Callable[[CID], bool] = _never_coming
+        """Events arriving by another way (a large event's fragments, in the core): a
+        neighbour's HEADS naming one opens no gap, or the event would be fetched and
+        delivered before its payload is complete."""
         self._neighbours = neighbours
         self._topics: dict[CID, TopicState] = {}
         self._gaps: dict[int, Gap] = {}

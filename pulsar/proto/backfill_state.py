@@ -248,6 +248,7 @@ class BackfillParts(ABC):
     _lookup: Lookup
     _verify: Verify
     _is_delivered: IsDelivered
+    coming: Callable[[CID], bool]
     _neighbours: Neighbours | None
     _topics: dict[CID, TopicState]
     _gaps: dict[int, Gap]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .fragments import FragmentConfig
 
 __all__ = ["LONE_NODE", "CoreConfig"]
 
@@ -47,6 +49,8 @@ class CoreConfig:
     publishers their records name."""
     sync_publishers: int = 16
     """Most publishers whose records one round asks for."""
+    fragments: FragmentConfig = field(default_factory=FragmentConfig)
+    """Large events along the tree (:mod:`pulsar.proto.fragments`)."""
 
     def __post_init__(self) -> None:
         if self.min_acks < 0:

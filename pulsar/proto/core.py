@@ -52,6 +52,8 @@ from .batching import coalesce
 from .config import LONE_NODE, CoreConfig
 from .events import Out
 from .flood_messages import Subs
+from .fragment_messages import Fragment, FWant, IDontWant
+from .fragments import Fragments
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
@@ -61,6 +63,8 @@ from .rtt import RttConfig, RttTable
 from .stores import OwnStores
 from .timers import (
     DispatchTimer,
+    FragmentStall,
+    FragmentTick,
     GapTimeout,
     GraftTimer,
     Greet,
@@ -126,6 +130,9 @@ class PulsarCore(Publishing, VersionAdoption):
             config=backfill,
             rtt=self.rtt,
         )
+        self.frags = Fragments(self.config.fragments)
+        """Large events along the tree: fragments received, relayed and paced."""
+        self.backfill.coming = self.frags.receiving
         self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
         """Events waiting for the topic version they name, by that version's CID."""
         self._parked_count = 0
@@ -217,7 +224,9 @@ class PulsarCore(Publishing, VersionAdoption):
 
     def counters(self) -> dict[str, int]:
         """The counters of the tree core and its repair layers, in one dict."""
-        return {**self.metrics, **self.lazy.metrics, **self.backfill.metrics}
+        return {
+            **self.metrics, **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics
+        }
 
     def _tree_edges(self, topic: CID) -> set[PeerId]:
         tree = self._trees.get(topic)
@@ -236,7 +245,9 @@ class PulsarCore(Publishing, VersionAdoption):
     def _after(self, out: Out, now: float) -> Out:
         """What follows from any input: recent events taken in by repair go down the tree
         (children missed them too), announced topic versions are adopted, and the author
-        keeps its heads record fresh."""
+        keeps its heads record fresh. Large events whose payload completed (or was given
+        up) are delivered here, and the fragment pacer releases what may go now."""
+        out += self._large_completed(now)
         for topic, event in self.backfill.take_repaired():
             tree = self._trees.get(topic)
             if tree is None:
@@ -267,8 +278,27 @@ class PulsarCore(Publishing, VersionAdoption):
                 extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
         out += self.backfill.arm_tick()
+        out += self.frags.pump(now)
         out += self._probes(out, now)
         return coalesce(out)
+
+    def _large_completed(self, now: float) -> Out:
+        """Large events received in full (or given up: their payload is then read from the
+        DHT) go to causal delivery; without cut-through they are announced only now."""
+        out: Out = []
+        for done in self.frags.take_completed():
+            tree = self._trees.get(done.topic)
+            if tree is None:
+                continue
+            if done.gave_up:
+                out.append(ev.Rejected(None, f"large event {done.event.cid} given up "
+                                             f"({done.reason}); its payload is read from the DHT"))
+            out += self.backfill.accepted(done.topic, done.event, done.hop, done.sender, now)
+            if not self.frags.config.cut_through:
+                eager = self._eager(tree)
+                out += self.lazy.accepted(done.topic, done.event.cid, done.hop, done.sender, now)
+                self._cover(tree, done.event.cid, eager, done.sender)
+        return out
 
     def _probes(self, out: Out, now: float) -> Out:
         """PINGs to the peers this step talks to whose round-trip time is unknown or
@@ -355,6 +385,7 @@ class PulsarCore(Publishing, VersionAdoption):
             return []
         self.lazy.stop(cmd.topic)
         self.backfill.close(cmd.topic)
+        self.frags.close(cmd.topic)
         leave = Leave(cmd.topic)
         # Children are told too: they route a new JOIN around us, so the subtree never
         # hangs off a node that no longer forwards.
@@ -384,7 +415,7 @@ class PulsarCore(Publishing, VersionAdoption):
             case IHave():
                 return self.lazy.on_ihave(peer, message, self._known_in(message.topic), now)
             case Graft():
-                return self.lazy.on_graft(peer, message, now)
+                return self._graft_large(self.lazy.on_graft(peer, message, now), now)
             case Prune():
                 return self.lazy.on_prune(peer, message, now)
             case Shuffle():
@@ -408,6 +439,12 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self.backfill.on_digest(peer, message, now)
             case Subs():
                 return self._reject(peer, "a floodsub message on a pulsarcast node")
+            case Fragment():
+                return self.frags.on_fragment(peer, message, now)
+            case IDontWant():
+                return self.frags.on_idontwant(peer, message)
+            case FWant():
+                return self.frags.on_fwant(peer, message, self._lookup)
             case Batch():
                 out: Out = []
                 for item in message.messages:
@@ -467,6 +504,7 @@ class PulsarCore(Publishing, VersionAdoption):
         del self._trees[tree.topic.cid]
         self.lazy.stop(tree.topic.cid)
         self.backfill.close(tree.topic.cid)
+        self.frags.close(tree.topic.cid)
         leave = Leave(tree.topic.cid)
         return [ev.Send(peer, leave) for peer in sorted(tree.parents, key=bytes)]
 
@@ -477,6 +515,8 @@ class PulsarCore(Publishing, VersionAdoption):
             return self._reject(peer, f"event for {msg.topic}, a tree we are not in")
         cid = cid_of(msg.block)
         if cid in tree.seen or self.backfill.known(tree.topic.cid, cid):
+            if msg.also and peer is not None and self.frags.config.enabled:
+                return self._delegated(tree, cid, msg, peer, now)
             self.metrics["duplicates"] += 1
             return self.lazy.duplicate(msg.topic, peer) or self._stale_edge(tree, peer, now)
         try:
@@ -490,7 +530,8 @@ class PulsarCore(Publishing, VersionAdoption):
             return self._reject(peer, problem)
         if peer is not None:
             tree.retries.pop(peer, None)
-        return self._accept(tree, event, msg.hop, peer, now)
+        return self._accept(tree, event, msg.hop, peer, now, fragments=msg.fragments,
+                            also=msg.also)
 
     def _stale_edge(self, tree: Tree, peer: PeerId | None, now: float) -> Out:
         """A duplicate pushed over an edge we do not hold: a parent we left whose LEAVE was
@@ -525,7 +566,8 @@ class PulsarCore(Publishing, VersionAdoption):
         return self.versions.admit(tree.topic.cid, event)
 
     def _accept(
-        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
+        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float,
+        *, fragments: bool = False, also: tuple[PeerId, ...] = (),
     ) -> Out:
         self._remember(tree, event.cid)
         tree.last_seen = event.cid
@@ -533,6 +575,11 @@ class PulsarCore(Publishing, VersionAdoption):
         out: Out = [ev.StoreLocal(event.cid, event.block)]
         if tree.deliver and hop > self.metrics["max_hop"]:
             self.metrics["max_hop"] = hop
+        if (
+            fragments and sender is not None and isinstance(event.payload, CID)
+            and self.frags.config.enabled
+        ):
+            return out + self._accept_large(tree, event, hop, sender, now, also)
         out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
         self._match_request(tree, event, out)
         forward = Event(tree.topic.cid, event.block, hop + 1)
@@ -544,6 +591,66 @@ class PulsarCore(Publishing, VersionAdoption):
         out += self.lazy.accepted(tree.topic.cid, event.cid, hop, sender, now)
         self._cover(tree, event.cid, eager, sender)
         return out
+
+    def _accept_large(
+        self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId, now: float,
+        also: tuple[PeerId, ...] = (),
+    ) -> Out:
+        """A large event's EVENT: its fragments follow. The fragment layer relays them (the
+        EVENT first) to the eager links, and tells every other neighbour IDONTWANT; it is
+        delivered once its payload is complete (``_large_completed``)."""
+        topic = tree.topic.cid
+        out: Out = []
+        self._match_request(tree, event, out)
+        eager = self._eager(tree)
+        targets = [p for p in eager if p != sender]
+        tell = sorted((set(eager) | self.lazy.lazy(topic)) - {sender}, key=bytes)
+        head = Event(topic, event.block, hop + 1, True)
+        helped = tuple(p for p in also if p != self.me and p != sender)
+        out += self.frags.receive(topic, event, hop, sender, head, targets, tell, now, helped)
+        self.metrics["forwarded"] += len(targets)
+        if self.frags.config.cut_through:
+            out += self.lazy.accepted(topic, event.cid, hop, sender, now)
+            self._cover(tree, event.cid, eager, sender)
+        return out
+
+    def _delegated(self, tree: Tree, cid: CID, msg: Event, peer: PeerId, now: float) -> Out:
+        """The EVENT again, from a node whose payload fan-out is limited, naming peers
+        (``also``) we are to push the chunk tree to: they have the EVENT from it. From what
+        we are sending (or, if the payload is whole here, from the store)."""
+        peers = [p for p in msg.also if p != self.me and p != peer]
+        if not peers or self.frags.delegate(cid, peers):
+            return []
+        try:
+            event = EventDescriptor.from_block(msg.block, cid)
+        except InvalidDescriptor:
+            return []
+        blocks = self._large_blocks(event)
+        if blocks is not None:
+            head = Event(msg.topic, msg.block, msg.hop, True)
+            self.frags.publish(tree.topic.cid, head, blocks, peers, now, fresh=set())
+        return []
+
+    def _graft_large(self, out: Out, now: float) -> Out:
+        """A GRAFT answered with a large event we hold whole: its chunk tree follows as
+        fragments (the EVENT flagged), so the grafting peer is not left to the DHT."""
+        if not self.frags.config.enabled:
+            return out
+        kept: Out = []
+        for item in out:
+            if type(item) is ev.Send and type(item.message) is Event:
+                message = item.message
+                try:
+                    event = EventDescriptor.from_block(message.block)
+                except InvalidDescriptor:
+                    event = None
+                blocks = None if event is None else self._large_blocks(event)
+                if blocks is not None:
+                    head = Event(message.topic, message.block, message.hop, True)
+                    self.frags.add_target(message.topic, head, blocks, item.peer, now)
+                    continue
+            kept.append(item)
+        return kept
 
     def _cover(self, tree: Tree, cid: CID, eager: list[PeerId], sender: PeerId | None) -> None:
         """Who has ``cid`` now or was told of it: HEADS need not name it to them."""
@@ -557,6 +664,7 @@ class PulsarCore(Publishing, VersionAdoption):
         self.rtt.forget(peer)
         out: Out = self.backfill.peer_down(peer, now)
         out += self.lazy.peer_down(peer)
+        self.frags.peer_down(peer)
         for tree in list(self._trees.values()):
             if peer in tree.children:
                 tree.children.discard(peer)
@@ -591,6 +699,10 @@ class PulsarCore(Publishing, VersionAdoption):
             case RecordTimer():
                 tree = self._trees.get(timer.topic)
                 return [] if tree is None else self._write_record(tree, timer, now)
+            case FragmentTick():
+                return self.frags.on_tick(now)
+            case FragmentStall():
+                return self.frags.on_stall(timer, now)
             case Greet():
                 return []  # a floodsub timer: never set by this core
             case _:
@@ -599,6 +711,8 @@ class PulsarCore(Publishing, VersionAdoption):
     def _on_block_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
         cid, block = fetched.cid, fetched.block
         out: Out = []
+        if self.frags.fetching(cid):
+            out += self.frags.on_fetched(cid, block, now)
         if self.backfill.fetching(cid):
             out += self.backfill.on_fetched(cid, block, now)
         if block is not None and not cid.verifies(block):

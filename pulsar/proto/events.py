@@ -24,6 +24,7 @@ from dag.records import HeadsRecord
 
 from .batch_messages import Batch
 from .flood_messages import Subs
+from .fragment_messages import Fragment, FWant, IDontWant
 from .gossip_messages import Graft, IHave, Prune, Shuffle
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .repair_messages import Blocks, Heads, HeadsDigest, Joined, Want
@@ -82,6 +83,9 @@ Message = (
     | Joined
     | Subs
     | Batch
+    | Fragment
+    | IDontWant
+    | FWant
 )
 """Every message a peer can send (what ``decode_message`` returns)."""
 

@@ -31,6 +31,8 @@ __all__ = [
 
 MAX_MESSAGE_SIZE: Final = 1 << 20
 MAX_HOPS: Final = 1024
+MAX_ALSO: Final = 64
+"""Peers one EVENT may ask its receiver to push a large event's chunk tree to."""
 
 
 class MessageError(DagError):
@@ -95,22 +97,48 @@ class Leave:
 @dataclass(frozen=True, slots=True)
 class Event:
     """An event block travelling ``topic``'s tree; ``hop`` counts tree edges from the
-    publisher (for last-delivery-hop figures and Plumtree's tree optimisation)."""
+    publisher (for last-delivery-hop figures and Plumtree's tree optimisation).
+    ``fragments``: the sender pushes the payload's chunk tree right behind it as FRAGMENT
+    messages (a large event; see :mod:`pulsar.proto.fragment_messages`). Optional on the
+    wire (``frags``), left out when false so older peers read the message. ``also``: peers
+    the receiver is asked to push the chunk tree to as well (the sender's payload fan-out is
+    limited; these got the EVENT from it), optional on the wire too."""
 
     topic: CID
     block: bytes
     hop: int
+    fragments: bool = False
+    also: tuple[PeerId, ...] = ()
     T: ClassVar[str] = "event"
 
     def to_wire(self) -> dict[str, Any]:
-        return {"t": self.T, "topic": self.topic, "block": self.block, "hop": self.hop}
+        wire: dict[str, Any] = {
+            "t": self.T, "topic": self.topic, "block": self.block, "hop": self.hop
+        }
+        if self.fragments:
+            wire["frags"] = True
+        if self.also:
+            wire["also"] = [p.raw for p in self.also]
+        return wire
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Event:
+        frags = m.get("frags", False)
+        if frags is not True and frags is not False:
+            raise MessageError("event.frags must be a boolean")
+        also = m.get("also", [])
+        if not isinstance(also, list) or len(also) > MAX_ALSO or (also and not frags):
+            raise MessageError(f"event.also must list at most {MAX_ALSO} peers, with frags")
+        try:
+            peers = tuple(PeerId(p) for p in also)
+        except (ValueError, TypeError) as exc:
+            raise MessageError(f"event.also: {exc}") from None
         return cls(
             _cid(m["topic"], "event.topic"),
             _bytes(m["block"], "event.block", 8192),
             _uint(m["hop"], "event.hop", MAX_HOPS),
+            frags,
+            peers,
         )
 
 
@@ -224,7 +252,7 @@ def register(cls: Any, fields: set[str], optional: frozenset[str] = frozenset())
 
 register(Join, {"topic", "block"})
 register(Leave, {"topic"})
-register(Event, {"topic", "block", "hop"})
+register(Event, {"topic", "block", "hop"}, frozenset({"frags", "also"}))
 register(
     RequestToPublish,
     {"topic", "version", "author", "payload", "link", "created", "sig", "parent"},

@@ -19,6 +19,7 @@ from . import events as ev
 from .backfill import Backfill
 from .config import CoreConfig
 from .events import Out
+from .fragments import Fragments
 from .messages import Event
 from .plumtree import Plumtree
 from .stores import OwnStores
@@ -38,6 +39,7 @@ class CoreParts(ABC):
     versions: TopicVersions
     lazy: Plumtree
     backfill: Backfill
+    frags: Fragments
     metrics: dict[str, int]
     _stores: OwnStores
     _parked: dict[CID, list[tuple[PeerId | None, Event]]]
@@ -88,6 +90,9 @@ class CoreParts(ABC):
 
     @abstractmethod
     def _quorum_reason(self, acks: int, what: str) -> str: ...
+
+    @abstractmethod
+    def _large_blocks(self, event: EventDescriptor) -> list[tuple[CID, bytes]] | None: ...
 
     # -- adoption.py
     @abstractmethod

@@ -19,6 +19,9 @@
 from __future__ import annotations
 
 from dag import CID, EventDescriptor, EventLinking, InvalidDescriptor, PeerId, TopicDescriptor
+from dag.chunks import local_blocks, parse_node
+from dag.cid import DAG_CBOR
+from dag.errors import ChunkError
 from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
 
 from . import events as ev
@@ -41,6 +44,11 @@ class Publishing(CoreParts):
             return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
         if tree.topic.is_meta:
             return [ev.CommandFailed(cmd.request, "meta topics carry only topic versions")]
+        limit = self.config.fragments.max_event_size
+        if isinstance(cmd.payload, bytes) and len(cmd.payload) > limit:
+            return [ev.CommandFailed(
+                cmd.request, f"payload of {len(cmd.payload)} bytes is over the limit of "
+                f"{limit} bytes (max_event_size)", kind="invalid")]
         if not tree.synced:
             return self._wait_for_sync(tree, cmd)
         topic = self.versions.latest(tree.topic.cid)
@@ -261,17 +269,45 @@ class Publishing(CoreParts):
         self._saw_publisher(tree, event.publisher)
         out += self.backfill.accepted(topic_cid, event, 0, None, now)
         self._match_request(tree, event, out)
-        message = Event(topic_cid, event.block, 1)
         eager = self._eager(tree)
-        for peer in eager:
-            out.append(ev.Send(peer, message))
-            self.metrics["forwarded"] += 1
+        blocks = self._large_blocks(event)
+        if blocks is not None and eager:
+            # A large event: the fragment layer sends the EVENT, then its chunk tree, to
+            # each eager link in staggered groups, paced (pulsar.proto.fragments).
+            head = Event(topic_cid, event.block, 1, True)
+            out += self.frags.publish(topic_cid, head, blocks, eager, now)
+            self.metrics["forwarded"] += len(eager)
+        else:
+            message = Event(topic_cid, event.block, 1)
+            for peer in eager:
+                out.append(ev.Send(peer, message))
+                self.metrics["forwarded"] += 1
         out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
         self._cover(tree, event.cid, eager, None)
         if not tree.topic.is_meta:
             out += self._arm_record(tree, self.config.record_delay, now)
         out.append(ev.KeepPublished(topic_cid, event.cid))
         return out
+
+    def _large_blocks(self, event: EventDescriptor) -> list[tuple[CID, bytes]] | None:
+        """The chunk tree of our own event's payload, pre-order, if it is to travel the
+        tree as fragments: fragments are on, the payload is a link to a chunk tree held
+        here (the driver split and stored it) and over the threshold. None otherwise: the
+        event carries only the link and readers pull the payload from the DHT."""
+        cfg = self.config.fragments
+        root = event.payload
+        if not cfg.enabled or not isinstance(root, CID) or root.codec != DAG_CBOR:
+            return None
+        block = self._lookup(root)
+        if block is None:
+            return None
+        try:
+            size, _ = parse_node(root, block)
+        except ChunkError:
+            return None
+        if not cfg.threshold < size <= cfg.max_event_size:
+            return None
+        return local_blocks(root, self._lookup, max_blocks=cfg.max_fragments)
 
     def _arm_record(self, tree: Tree, delay: float, now: float) -> Out:
         """Write the heads record ``delay`` from ``now``, unless one is due sooner: a

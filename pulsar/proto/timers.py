@@ -14,6 +14,8 @@ from dag import CID, PeerId
 
 __all__ = [
     "DispatchTimer",
+    "FragmentStall",
+    "FragmentTick",
     "GapTimeout",
     "GraftTimer",
     "Greet",
@@ -138,6 +140,26 @@ class ShuffleTimer:
     (each backs off while shuffles bring nobody new); not armed while none lacks any."""
 
 
+# --------------------------------------------------------------------------- large events
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentTick:
+    """The node's one pacing tick: release the next fragments queued for neighbours (the
+    uplink's budget has refilled, or a staggered group's turn has come). Armed only while
+    fragments wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentStall:
+    """Check a large event being received: if no fragment came for a while, ask the
+    neighbours (FWANT), then the DHT, then give up. ``seq`` names the armed check."""
+
+    topic: CID
+    event: CID
+    seq: int
+
+
 # --------------------------------------------------------------------------- floodsub
 
 
@@ -149,4 +171,5 @@ class Greet:
 BackfillTimer = GapTimeout | WantTimeout | RetryFetch | RetryLost | HeadsTick
 PlumtreeTimer = DispatchTimer | GraftTimer | ShuffleTimer
 TreeTimer = RetryParent | JoinTimeout | RootCheck | RequestTimeout | RecordTimer
-Timer = TreeTimer | BackfillTimer | PlumtreeTimer | Greet
+FragmentTimer = FragmentTick | FragmentStall
+Timer = TreeTimer | BackfillTimer | PlumtreeTimer | FragmentTimer | Greet

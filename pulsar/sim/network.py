@@ -13,6 +13,11 @@ the node see it go; routing tables replace it from the same bucket) and restarts
 node's durable state, Kademlia routing tables (:mod:`pulsar.sim.routing`) and a DHT whose
 values live on the k closest live nodes (:mod:`pulsar.sim.dht`). Every message is
 encoded and decoded with the wire codec, so its size is the real one.
+
+Bandwidth (``bandwidth``, bytes per second per node, None for unlimited) is the same model
+as the transport's fault injector: each node's uplink is a token bucket that sends one
+message after the other, so a message leaves once everything the node queued before it (to
+any peer) is out, and arrives the link latency later. Downlinks are taken as wide.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, assert_never
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
+from dag.chunks import split
 from dag.records import heads_record_key
 
 from ..proto import events as ev
@@ -38,6 +44,8 @@ from .routing import IdSpace, KnownPeers, node_id
 __all__ = ["SimNetwork", "SimNode"]
 
 Protocol = Literal["pulsarcast", "floodsub"]
+INLINE_LIMIT = 4096
+"""Payloads above this are split into a chunk tree (``NodeConfig.inline_limit``)."""
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
@@ -111,7 +119,13 @@ class SimNetwork:
         protocol: Protocol = "pulsarcast",
         latency_range: tuple[float, float] | None = None,
         replicas: int = 8,
+        bandwidth: float | None = None,
     ) -> None:
+        if bandwidth is not None and not bandwidth > 0:
+            raise ValueError("bandwidth must be positive bytes/s")
+        self.bandwidth = bandwidth
+        self._uplink_free: dict[PeerId, float] = {}
+        """Per node: when its uplink will have sent everything queued on it so far."""
         self.rng = random.Random(seed)
         self.latency, self.jitter, self.loss = latency, jitter, loss
         self.latency_range = latency_range
@@ -231,8 +245,19 @@ class SimNetwork:
 
     def publish(self, node: SimNode, topic: CID, payload: bytes, parent: CID | None = None,
                 content_type: str | None = None) -> int:
+        """As ``Node.publish``: a payload over ``INLINE_LIMIT`` is split into a chunk tree,
+        stored here and in the DHT, and the event links its root (the core then pushes the
+        tree's blocks down the tree when the payload is over the fragment threshold)."""
         self._request += 1
-        self.input(node.peer_id, ev.Publish(topic, payload, parent, self._request,
+        body: bytes | CID = payload
+        if len(payload) > INLINE_LIMIT:
+            root, blocks = split(payload)
+            usable = self._usable_from(node)
+            for cid, block in blocks:
+                node.store[cid] = self._blocks.setdefault(cid, block)
+                self.dht.put_block(cid, block, usable)
+            body = root
+        self.input(node.peer_id, ev.Publish(topic, body, parent, self._request,
                                             content_type))
         return self._request
 
@@ -423,6 +448,10 @@ class SimNetwork:
         self.contacts[me].add(out.peer)
         self.contacts[out.peer].add(me)
         delay = self.link_latency(me, out.peer)
+        if self.bandwidth is not None:
+            done = max(self._uplink_free.get(me, self.now), self.now) + len(frame) / self.bandwidth
+            self._uplink_free[me] = done
+            delay += done - self.now
         if self.jitter:
             delay += self.rng.uniform(-self.jitter, self.jitter)
         if kind == "event":

@@ -330,3 +330,39 @@ async def test_payloads_come_back_as_they_were_published(apis: list[Api]) -> Non
         status, problem = await author.call(
             "POST", f"/v1/topics/{cid}/events", json={"text": "x", "content_type": bad})
         assert status == 400 and problem["type"] == BASE + "invalid-field", problem
+
+
+async def test_raw_upload_publishes_a_large_payload_and_refuses_one_over_the_limit(
+    apis: list[Api],
+) -> None:
+    """``application/octet-stream``: the body is the payload, streamed, up to the node's
+    limit on an event (16 MiB), past the JSON body's 2 MiB."""
+    author, reader, _ = apis
+    status, topic = await author.call("POST", "/v1/topics", json={"name": "big"})
+    cid = topic["cid"]  # type: ignore[index]
+    await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    payload = os.urandom(3 * 1024 * 1024)
+    raw = {"Content-Type": "application/octet-stream"}
+    status, event = await author.call("POST", f"/v1/topics/{cid}/events?content_type=image/png",
+                                      data=io.BytesIO(payload), headers=raw)
+    assert status == 201, event
+    assert event["payload_size"] == len(payload)  # type: ignore[index]
+    assert event["content_type"] == "image/png"  # type: ignore[index]
+    event_cid = event["cid"]  # type: ignore[index]
+
+    async def arrived() -> bool:
+        status, got = await reader.call("GET", f"/v1/events/{event_cid}")
+        return status == 200 and base64.b64decode(got["payload"]) == payload  # type: ignore[index]
+
+    await eventually(arrived, timeout=30.0)
+
+    async def endless() -> object:  # chunked, no length: refused while it streams
+        for _ in range(20):
+            yield bytes(1024 * 1024)
+
+    status, problem = await author.call("POST", f"/v1/topics/{cid}/events", data=endless(),
+                                        headers=raw)
+    assert status == 413 and problem["type"] == BASE + "payload-too-large"  # type: ignore[index]
+    status, problem = await author.call("POST", f"/v1/topics/{cid}/events?color=red",
+                                        data=b"x", headers=raw)
+    assert status == 400

@@ -239,3 +239,39 @@ async def test_inbound_handshake_refused_across_a_cut(
     faults.unblock(client.peer_id)
     await client.transport.send(server.peer_id, server.address, b"y")
     assert await server.wait_frames(client.peer_id, 1) == [b"y"]
+
+
+def test_bandwidth_is_a_token_bucket_per_sender() -> None:
+    """A sender's uplink serialises its frames at ``bandwidth``: holds grow with the
+    backlog (to every peer), the first ``burst`` bytes go at once, and another sender's
+    uplink is its own; latency comes on top."""
+    faults = FaultInjector(bandwidth=1000.0, burst=0, latency=0.1)
+    assert faults.outgoing(A, B, 100, now=0.0) == pytest.approx(0.2)
+    assert faults.outgoing(A, C, 100, now=0.0) == pytest.approx(0.3)  # behind the first
+    assert faults.outgoing(B, A, 100, now=0.0) == pytest.approx(0.2)  # B's own uplink
+    assert faults.uplink_backlog(A, 0.05) == pytest.approx(0.15)
+    assert faults.outgoing(A, B, 100, now=10.0) == pytest.approx(0.2)  # drained meanwhile
+    assert faults.stats.shaped_bytes == 400
+    burst = FaultInjector(bandwidth=1000.0, burst=200)
+    assert burst.outgoing(A, B, 100, now=0.0) == 0.0
+    assert burst.outgoing(A, B, 100, now=0.0) == 0.0
+    assert burst.outgoing(A, B, 100, now=0.0) == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        FaultInjector(bandwidth=0.0)
+
+
+async def test_bandwidth_limit_slows_a_real_transfer(endpoints: Make) -> None:
+    """Through real transports: 40 frames of 1 KiB at 100 KiB/s take about 0.4 s, in
+    order."""
+    faults = FaultInjector(bandwidth=100 * 1024, burst=0)
+    a = await endpoints(faults=faults)
+    b = await endpoints()
+    loop = asyncio.get_running_loop()
+    await a.transport.send(b.peer_id, b.address, b"warm-up")
+    await b.wait_frames(a.peer_id, 1)
+    start = loop.time()
+    for i in range(40):
+        await a.transport.send(b.peer_id, None, seq(i) + bytes(1024))
+    got = await b.wait_frames(a.peer_id, 41)
+    assert loop.time() - start >= 0.35
+    assert seqs([f[: len(seq(0))] for f in got[1:]]) == list(range(40))
