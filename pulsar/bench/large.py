@@ -51,6 +51,7 @@ from ..node import Node, PayloadTooLarge
 from ..proto.core import CoreConfig
 from ..proto.fragments import FragmentConfig
 from ..runtime.subscription import Subscription
+from ..sim.large import large_figures
 from .timing import percentile
 
 LARGE = 1024 * 1024
@@ -210,27 +211,14 @@ async def bench_large(nodes: int = 30, events: int = 5, interval: float = 4.0,
         _say(f"[large] {mode}: {nodes} nodes, {events} x 1 MiB, {mbps} Mbit/s, {link_ms} ms")
         results[mode] = await _run_mode(mode, nodes, events, interval, mbps, link_ms)
         _say(f"[large] {mode}: {results[mode]}")
-    main = results.get("fragments", {})
-    saf = results.get("store_and_forward", {})
-    pull = results.get("dht_pull", {})
-    ratio = (main["bytes"] / saf["bytes"]) if main and saf and saf["bytes"] else None
+    figures = large_figures(results, nodes, events, mbps, link_ms)
+    modes_run = figures.pop("modes")
     return {
-        "nodes": nodes,
-        "events": events,
-        "mbps": mbps,
-        "link_ms": link_ms,
-        "delivery_ratio": main.get("delivery_ratio"),
-        "latency_p50_ms": main.get("latency_p50_ms"),
-        "latency_p99_ms": main.get("latency_p99_ms"),
-        "store_and_forward_latency_p50_ms": saf.get("latency_p50_ms"),
-        "dht_pull_latency_p50_ms": pull.get("latency_p50_ms"),
-        "bytes_ratio_vs_store_and_forward": None if ratio is None else round(ratio, 3),
-        "small_event_latency_p50_ms": main.get("small_p50_ms"),
-        "idle_small_event_latency_p50_ms": main.get("idle_small_p50_ms"),
-        "over_limit_refused": main.get("over_limit_refused"),
+        **figures,
+        "over_limit_refused": results.get("fragments", {}).get("over_limit_refused"),
         "load_avg_1m_at_start": round(load, 2),
         "cpu_s": round(time.process_time() - cpu0, 1),
-        "modes": results,
+        "modes": modes_run,
     }
 
 

@@ -25,7 +25,7 @@ from ..proto.core import CoreConfig
 from ..proto.fragments import FragmentConfig
 from .network import SimNetwork
 
-__all__ = ["sim_large"]
+__all__ = ["large_figures", "sim_large"]
 
 _PULL_PARALLEL = 16
 
@@ -140,12 +140,18 @@ def sim_large(nodes: int = 1000, events: int = 3, interval: float = 4.0, mbps: f
               ) -> dict[str, Any]:
     """The ``bench large`` figures from the simulator (see the module docstring)."""
     results = {m: _run(m, nodes, events, interval, mbps, link_ms, seed) for m in modes}
+    return {"simulated": True, **large_figures(results, nodes, events, mbps, link_ms)}
+
+
+def large_figures(results: dict[str, dict[str, Any]], nodes: int, events: int, mbps: float,
+                  link_ms: float) -> dict[str, Any]:
+    """The issue's figures from the runs of each mode (``fragments``, ``store_and_forward``,
+    ``dht_pull``), the same for the loopback bench and the simulator."""
     main = results.get("fragments", {})
     saf = results.get("store_and_forward", {})
     pull = results.get("dht_pull", {})
     ratio = main["bytes"] / saf["bytes"] if main and saf and saf["bytes"] else None
     return {
-        "simulated": True,
         "nodes": nodes,
         "events": events,
         "mbps": mbps,
