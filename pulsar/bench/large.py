@@ -51,7 +51,7 @@ from ..node import Node, PayloadTooLarge
 from ..proto.core import CoreConfig
 from ..proto.fragments import FragmentConfig
 from ..runtime.subscription import Subscription
-from ..sim.large import large_figures
+from ..sim.large import large_figures, mode_config
 from .timing import percentile
 
 LARGE = 1024 * 1024
@@ -63,16 +63,6 @@ SETTLE = 60.0
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _fragments(mode: str, rate: float) -> FragmentConfig:
-    if mode == "fragments":
-        return FragmentConfig(rate=rate)
-    if mode == "store_and_forward":
-        # Relays hold the payload until complete: children wait longer before they ask.
-        return FragmentConfig(rate=rate, cut_through=False, idontwant=False, stagger_group=0,
-                              stall_timeout=30.0)
-    return FragmentConfig(enabled=False)
 
 
 async def _start(root: Path, n: int, fragments: FragmentConfig, faults: FaultInjector
@@ -116,7 +106,7 @@ async def _run_mode(mode: str, n: int, events: int, interval: float, mbps: float
     bandwidth = mbps * 1e6 / 8
     faults = FaultInjector(seed=1, latency=link_ms / 1000, bandwidth=bandwidth)
     with tempfile.TemporaryDirectory(prefix="bench-large-") as tmp:
-        nodes = await _start(Path(tmp), n, _fragments(mode, bandwidth * 0.9), faults)
+        nodes = await _start(Path(tmp), n, mode_config(mode, bandwidth * 0.9), faults)
         tasks: list[asyncio.Task[Any]] = []
         try:
             author = nodes[0]

@@ -25,12 +25,15 @@ from ..proto.core import CoreConfig
 from ..proto.fragments import FragmentConfig
 from .network import SimNetwork
 
-__all__ = ["large_figures", "sim_large"]
+__all__ = ["large_figures", "mode_config", "sim_large"]
 
 _PULL_PARALLEL = 16
 
 
-def _mode_config(mode: str, rate: float) -> FragmentConfig:
+def mode_config(mode: str, rate: float) -> FragmentConfig:
+    """The fragment settings of one bench mode: ``fragments`` (everything on),
+    ``store_and_forward`` (a relay holds a payload until complete, so children wait
+    longer before they ask; no IDONTWANT, no staggering), else DHT pull (fragments off)."""
     if mode == "fragments":
         return FragmentConfig(rate=rate)
     if mode == "store_and_forward":
@@ -52,7 +55,7 @@ def _run(mode: str, n: int, events: int, interval: float, mbps: float, link_ms: 
     bandwidth = mbps * 1e6 / 8
     net = SimNetwork(n, seed=seed, bucket_size=20, latency=link_ms / 1000,
                      bandwidth=bandwidth,
-                     config=CoreConfig(fragments=_mode_config(mode, bandwidth * 0.9)))
+                     config=CoreConfig(fragments=mode_config(mode, bandwidth * 0.9)))
     author = net.node(0)
     requests = [net.command(author, lambda r, name=name: ev.CreateTopic(r, name))
                 for name in ("large", "small")]
