@@ -194,9 +194,13 @@ _CID_CACHE: dict[bytes, CID] = {}
 _CID_CACHE_SIZE: Final = 4096
 
 
-def _link(value: Any, what: str, *, nullable: bool = False) -> CID | None:
+def _link(value: Any, what: str, *, nullable: bool = False, exact: bool = False) -> CID | None:
     """A validated :class:`CID` from a decoded link. Topic links repeat on every event of a
-    topic and parent links on the next event, so parsed CIDs are cached (bounded)."""
+    topic and parent links on the next event, so parsed CIDs are cached (bounded). The fast
+    decoder gives links as raw bytes; after an ``exact`` decode (see :func:`_load`) a link
+    is a :class:`CID` and bytes there were written as a byte string, not a link."""
+    if type(value) is bytes and exact:
+        raise SchemaError(f"{what} has the wrong CBOR type (bytes, not a link)")
     if type(value) is bytes:
         cached = _CID_CACHE.get(value)
         if cached is not None:
@@ -427,7 +431,7 @@ class TopicDescriptor(_ContentAddressed):
         if not name:
             raise SchemaError("topic.name must not be empty")
         author = _peer(wire["author"], "topic.author")
-        parent = _link(wire["parent"], "topic.parent", nullable=True)
+        parent = _link(wire["parent"], "topic.parent", nullable=True, exact=exact)
         subs_wire = wire["#"]
         if not isinstance(subs_wire, dict):
             raise SchemaError("topic.# must be a map of names to links")
@@ -435,7 +439,7 @@ class TopicDescriptor(_ContentAddressed):
             raise SchemaError(f"topic.# has more than {MAX_SUBTOPICS} links")
         subtopics: dict[str, CID] = {}
         for key, value in subs_wire.items():
-            link = _link(value, f"topic.#{key}")
+            link = _link(value, f"topic.#{key}", exact=exact)
             assert link is not None
             subtopics[_text(key, "topic.# key", MAX_NAME_BYTES)] = link
         meta = _map(wire["metadata"], "topic.metadata", _TOPIC_META_KEYS, _TOPIC_META_OPTIONAL)
@@ -447,7 +451,7 @@ class TopicDescriptor(_ContentAddressed):
             linking = EventLinking(meta["eventLinking"])
         except (ValueError, TypeError):
             raise SchemaError("eventLinking must be LAST_SEEN or CUSTOM") from None
-        heads = _heads(meta["heads"]) if "heads" in meta else ()
+        heads = _heads(meta["heads"], exact) if "heads" in meta else ()
         signature = _signature(wire["authorSignature"], "topic.authorSignature")
         _check_canonical(wire, exact, block, cls.KIND)
         if verify_signature:
@@ -471,10 +475,10 @@ class TopicDescriptor(_ContentAddressed):
         )
 
 
-def _heads(value: Any) -> tuple[CID, ...]:
+def _heads(value: Any, exact: bool) -> tuple[CID, ...]:
     if not isinstance(value, list) or not 0 < len(value) <= MAX_VERSION_HEADS:
         raise SchemaError(f"topic.metadata.heads must list 1..{MAX_VERSION_HEADS} links")
-    links = tuple(_link(v, "topic.metadata.heads[]") for v in value)
+    links = tuple(_link(v, "topic.metadata.heads[]", exact=exact) for v in value)
     if len(set(links)) != len(links):
         raise SchemaError("topic.metadata.heads has duplicates")
     return links  # type: ignore[return-value]
@@ -628,11 +632,11 @@ class EventDescriptor(_ContentAddressed):
         the publisher was *allowed* to publish needs the topic: see :func:`check_rights`."""
         cid, wire, exact = _load(block, cls.KIND, cid)
         _map(wire, "event", _EVENT_KEYS, _EVENT_OPTIONAL)
-        topic = _link(wire["topic"], "event.topic")
+        topic = _link(wire["topic"], "event.topic", exact=exact)
         assert topic is not None
         author = _peer(wire["author"], "event.author")
         publisher = _peer(wire["publisher"], "event.publisher")
-        parent = _link(wire["parent"], "event.parent", nullable=True)
+        parent = _link(wire["parent"], "event.parent", nullable=True, exact=exact)
         payload = wire["payload"]
         if type(payload) is bytes:
             if len(payload) > MAX_INLINE_PAYLOAD:

@@ -278,6 +278,20 @@ def test_link_encoded_as_plain_bytes_is_rejected(topic: TopicDescriptor) -> None
         EventDescriptor.from_block(encode_reference_free(value))
 
 
+@pytest.mark.parametrize("field", ["topic", "parent"])
+def test_link_as_bytes_is_rejected_when_a_byte_field_looks_like_a_cid(
+        topic: TopicDescriptor, field: str) -> None:
+    """A payload (or a signature: one in 256 starts with 0x01) that looks like a CID makes
+    the parser decode exactly; a link written as bytes must still be a schema error, not
+    slip through as a link (the suite once failed on such a signature)."""
+    first = EventDescriptor.create(BOB, topic.cid, b"first")
+    event = EventDescriptor.create(BOB, topic.cid, b"\x01 looks like a CID", parent=first.cid)
+    value = decode(event.block)
+    value[field] = value[field].raw
+    with pytest.raises(SchemaError, match="wrong CBOR type"):
+        EventDescriptor.from_block(encode_reference_free(value), verify_signature=False)
+
+
 def test_non_canonical_encoding_is_rejected(topic: TopicDescriptor) -> None:
     event = EventDescriptor.create(BOB, topic.cid, b"x")
     block = bytearray(event.block)
