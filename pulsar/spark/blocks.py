@@ -112,25 +112,26 @@ _SEEN_PEERS: set[bytes] = set()
 _SEEN_LINKS: set[bytes] = set()
 
 
-def _peer(value: object) -> bytes:
+def _checked(value: object, seen: set[bytes], parse: Callable[[bytes], object],
+             what: str) -> bytes:
+    """``value`` if it is bytes that ``parse`` accepts; the same few peers and links
+    repeat on every event, so accepted ones are remembered (bounded)."""
     if type(value) is not bytes:
-        raise ValueError("a peer id is not bytes")
-    if value not in _SEEN_PEERS:
-        PeerId(value)  # validates
-        if len(_SEEN_PEERS) >= _CACHE_SIZE:
-            _SEEN_PEERS.clear()
-        _SEEN_PEERS.add(value)
+        raise ValueError(f"{what} is not bytes")
+    if value not in seen:
+        parse(value)  # validates
+        if len(seen) >= _CACHE_SIZE:
+            seen.clear()
+        seen.add(value)
     return value
 
 
+def _peer(value: object) -> bytes:
+    return _checked(value, _SEEN_PEERS, PeerId, "a peer id")
+
+
 def _link(value: object) -> None:
-    if type(value) is not bytes:
-        raise ValueError("a link is not a CID")
-    if value not in _SEEN_LINKS:
-        CID(value)  # validates
-        if len(_SEEN_LINKS) >= _CACHE_SIZE:
-            _SEEN_LINKS.clear()
-        _SEEN_LINKS.add(value)
+    _checked(value, _SEEN_LINKS, CID, "a link")
 
 
 def _bad(why: str) -> PulsarcastSparkError:
