@@ -192,6 +192,8 @@ class Node:
                 if not contacts:
                     # The seeds may simply not be up yet: a node must not stay alone.
                     node._spawn(node._retry_bootstrap())
+            # Enter the membership overlay (its tick retries while no contact is known).
+            node._apply(node.core.handle(ev.Start(), time.time()))
             node._to_resume = dict.fromkeys([*store.subscriptions(), *node._outbox])
             if node._to_resume:
                 node._spawn(node._resume_all())

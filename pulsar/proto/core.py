@@ -55,6 +55,18 @@ from .flood_messages import Subs
 from .fragment_messages import Fragment, FWant, IDontWant
 from .fragments import Fragments
 from .gossip_messages import Graft, IHave, Prune, Shuffle
+from .membership import Membership, MembershipConfig
+from .membership_messages import (
+    MAX_INTERESTS,
+    Disconnect,
+    ForwardJoin,
+    HvJoin,
+    Interests,
+    Neighbor,
+    NeighborReply,
+    ViewShuffle,
+    ViewShuffleReply,
+)
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .plumtree import Plumtree, PlumtreeConfig
 from .publishing import Publishing
@@ -70,6 +82,7 @@ from .timers import (
     Greet,
     HeadsTick,
     JoinTimeout,
+    MembershipTick,
     RecordTimer,
     RequestTimeout,
     RetryFetch,
@@ -88,7 +101,7 @@ _STALE_TOLD = 64
 """Peers remembered per tree as told LEAVE for a stale edge (a bound on what duplicates
 from many peers can make a node hold)."""
 
-_NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune})
+_NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune, Disconnect})
 """Messages that do not make a peer one we depend on (answers and good-byes)."""
 
 
@@ -107,6 +120,7 @@ class PulsarCore(Publishing, VersionAdoption):
         is_delivered: Callable[[CID, CID], bool] | None = None,
         backfill: BackfillConfig | None = None,
         rtt: RttConfig | None = None,
+        membership: MembershipConfig | None = None,
     ) -> None:
         self.identity = identity
         self.me = identity.peer_id
@@ -122,6 +136,17 @@ class PulsarCore(Publishing, VersionAdoption):
         self.lazy = Plumtree(
             self.me, self._tree_edges, self._lookup, plumtree, self.rng, rtt=self.rtt
         )
+        self.members = Membership(
+            self.me,
+            self._contacts,
+            membership,
+            random.Random(self.me.raw),
+            distance=self._srtt,
+        )
+        """The node-wide overlay (HyParView): its neighbours are told which topics we are
+        in, and a topic's lazy links are drawn from those that share it."""
+        self._new_interests: list[CID] = []
+        """Trees joined in this step, to tell the overlay neighbours about."""
         self.backfill = Backfill(
             self._lookup,
             self._verify_backfilled,
@@ -191,6 +216,8 @@ class PulsarCore(Publishing, VersionAdoption):
                 out = self._on_update(event, now)
             case ev.Flush():
                 out = self._flush_records(now)
+            case ev.Start():
+                out = self.members.start(now)
             case _:
                 assert_never(event)
         return self._after(out, now)
@@ -225,8 +252,17 @@ class PulsarCore(Publishing, VersionAdoption):
     def counters(self) -> dict[str, int]:
         """The counters of the tree core and its repair layers, in one dict."""
         return {
-            **self.metrics, **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics
+            **self.metrics, **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics,
+            **self.members.metrics,
         }
+
+    def _contacts(self) -> list[PeerId]:
+        """Where to enter the overlay: a few proven contacts from the k-buckets."""
+        return list(self.routing.closest_peers(self.members.rng.randbytes(20), 8))
+
+    def _srtt(self, peer: PeerId) -> float | None:
+        estimate = self.rtt.get(peer)
+        return None if estimate is None else estimate.srtt
 
     def _tree_edges(self, topic: CID) -> set[PeerId]:
         tree = self._trees.get(topic)
@@ -277,10 +313,40 @@ class PulsarCore(Publishing, VersionAdoption):
             elif tree.topic.author == self.me:
                 extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
+        out += self._interests(now)
         out += self.backfill.arm_tick()
         out += self.frags.pump(now)
         out += self._probes(out, now)
         return coalesce(out)
+
+    def _interests(self, now: float) -> Out:
+        """Tell overlay neighbours the topics we are in: all of them to a new neighbour,
+        the trees joined in this step to the others (a few messages per link, never per
+        period: an idle node sends none)."""
+        new, self._new_interests = self._new_interests, []
+        changes = self.members.take_changes()
+        if not changes and not new:
+            return []
+        out: Out = []
+        fresh = {peer for peer, up in changes if up and peer in self.members.active}
+        if fresh:
+            everything = sorted(self._trees, key=bytes)
+            for peer in sorted(fresh, key=bytes):
+                out += _chunked(peer, everything)
+        joined = [t for t in new if t in self._trees]
+        if joined:
+            for peer in self.members.neighbours():
+                if peer not in fresh:
+                    out += _chunked(peer, joined)
+        return out
+
+    def _on_interests(self, peer: PeerId, msg: Interests, now: float) -> Out:
+        """A neighbour is in these topics: those we are in too may draw lazy links from
+        it (only our own trees are looked at, so what a peer says cannot grow our state)."""
+        for topic in msg.topics:
+            if topic in self._trees:
+                self.lazy.learn(topic, (peer,), now)
+        return []
 
     def _large_completed(self, now: float) -> Out:
         """Large events received in full (or given up: their payload is then read from the
@@ -334,6 +400,7 @@ class PulsarCore(Publishing, VersionAdoption):
             )
         else:
             tree = self.router.new_tree(topic, cmd.deliver)
+            self._new_interests.append(topic.cid)
             out += self.backfill.open(
                 topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
             )
@@ -445,6 +512,12 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self.frags.on_idontwant(peer, message)
             case FWant():
                 return self.frags.on_fwant(peer, message, self._lookup)
+            case HvJoin() | ForwardJoin() | Neighbor() | NeighborReply() | Disconnect():
+                return self.members.on_message(peer, message, now)
+            case ViewShuffle() | ViewShuffleReply():
+                return self.members.on_message(peer, message, now)
+            case Interests():
+                return self._on_interests(peer, message, now)
             case Batch():
                 out: Out = []
                 for item in message.messages:
@@ -465,6 +538,7 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self._reject(peer, "join must name a topic's first version")
             out = self._add_version(topic, now)
             tree = self.router.new_tree(topic, deliver=False)
+            self._new_interests.append(topic.cid)
             out += self.lazy.start(topic.cid, now)
             out += self.backfill.open(topic.cid, now, deliver=False, since=now)
         if peer in tree.parents:
@@ -664,6 +738,7 @@ class PulsarCore(Publishing, VersionAdoption):
         self.rtt.forget(peer)
         out: Out = self.backfill.peer_down(peer, now)
         out += self.lazy.peer_down(peer)
+        out += self.members.peer_down(peer, now)
         self.frags.peer_down(peer)
         for tree in list(self._trees.values()):
             if peer in tree.children:
@@ -703,6 +778,8 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self.frags.on_tick(now)
             case FragmentStall():
                 return self.frags.on_stall(timer, now)
+            case MembershipTick():
+                return self.members.on_timer(timer, now)
             case Greet():
                 return []  # a floodsub timer: never set by this core
             case _:
@@ -786,3 +863,10 @@ class PulsarCore(Publishing, VersionAdoption):
 def _nothing_known(cid: CID) -> bool:
     """For the layer timers that ask nothing about events."""
     return False
+
+
+def _chunked(peer: PeerId, topics: list[CID]) -> Out:
+    return [
+        ev.Send(peer, Interests(tuple(topics[i : i + MAX_INTERESTS])))
+        for i in range(0, len(topics), MAX_INTERESTS)
+    ]

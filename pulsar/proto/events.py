@@ -26,6 +26,16 @@ from .batch_messages import Batch
 from .flood_messages import Subs
 from .fragment_messages import Fragment, FWant, IDontWant
 from .gossip_messages import Graft, IHave, Prune, Shuffle
+from .membership_messages import (
+    Disconnect,
+    ForwardJoin,
+    HvJoin,
+    Interests,
+    Neighbor,
+    NeighborReply,
+    ViewShuffle,
+    ViewShuffleReply,
+)
 from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .repair_messages import Blocks, Heads, HeadsDigest, Joined, Want
 from .timers import Timer
@@ -51,6 +61,7 @@ __all__ = [
     "RecordsFetched",
     "Rejected",
     "Send",
+    "Start",
     "SendFailed",
     "SetTimer",
     "StoreDht",
@@ -86,6 +97,14 @@ Message = (
     | Fragment
     | IDontWant
     | FWant
+    | HvJoin
+    | ForwardJoin
+    | Neighbor
+    | NeighborReply
+    | Disconnect
+    | ViewShuffle
+    | ViewShuffleReply
+    | Interests
 )
 """Every message a peer can send (what ``decode_message`` returns)."""
 
@@ -223,6 +242,12 @@ class Flush:
     be written after the last publishes), so a clean stop leaves the DHT up to date."""
 
 
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The node can reach the network (its DHT has contacts): enter the membership
+    overlay. Until then the core keeps no neighbours of its own."""
+
+
 InEvent = (
     Received
     | PeerDown
@@ -237,6 +262,7 @@ InEvent = (
     | CreateTopic
     | UpdateTopic
     | Flush
+    | Start
 )
 
 

@@ -125,8 +125,8 @@ class FloodCore:
                 return self._on_fetched(event, now)
             case ev.DhtStored():
                 return self._on_stored(event, now)
-            case ev.RecordsFetched() | ev.Flush():
-                return []  # floodsub keeps no heads records
+            case ev.RecordsFetched() | ev.Flush() | ev.Start():
+                return []  # floodsub keeps no heads records and no overlay of its own
             case ev.Subscribe():
                 return self._on_subscribe(event, now)
             case ev.Unsubscribe():

@@ -21,6 +21,7 @@ __all__ = [
     "Greet",
     "HeadsTick",
     "JoinTimeout",
+    "MembershipTick",
     "RecordTimer",
     "RequestTimeout",
     "RetryFetch",
@@ -140,6 +141,17 @@ class ShuffleTimer:
     (each backs off while shuffles bring nobody new); not armed while none lacks any."""
 
 
+# --------------------------------------------------------------------------- membership
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipTick:
+    """The node's one membership tick (HyParView): repair while links are missing, the
+    shuffle every interval otherwise. ``seq`` names the armed one."""
+
+    seq: int
+
+
 # --------------------------------------------------------------------------- large events
 
 
@@ -172,4 +184,4 @@ BackfillTimer = GapTimeout | WantTimeout | RetryFetch | RetryLost | HeadsTick
 PlumtreeTimer = DispatchTimer | GraftTimer | ShuffleTimer
 TreeTimer = RetryParent | JoinTimeout | RootCheck | RequestTimeout | RecordTimer
 FragmentTimer = FragmentTick | FragmentStall
-Timer = TreeTimer | BackfillTimer | PlumtreeTimer | FragmentTimer | Greet
+Timer = TreeTimer | BackfillTimer | PlumtreeTimer | FragmentTimer | MembershipTick | Greet

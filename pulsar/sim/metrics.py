@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from dag import CID, PeerId
+from pulsar.proto import events as ev
+from pulsar.proto.core import PulsarCore
 
 from .network import SimNetwork, SimNode
 
-__all__ = ["check_invariants", "delivery_counts", "order_violations", "percentiles"]
+__all__ = [
+    "check_invariants", "delivery_counts", "order_violations", "overlay_invariants", "percentiles",
+]
 
 
 def percentiles(values: Sequence[float], points: Iterable[int] = (50, 90, 99)) -> dict[str, float]:
@@ -120,6 +124,57 @@ def check_invariants(net: SimNetwork, topics: Iterable[CID]) -> dict[str, int]:
         cycles += _cycles(parents)
     return {"tree_cycles": cycles, "asymmetric_tree_edges": asymmetric,
             "unattached_members": unattached}
+
+
+def overlay_invariants(net: SimNetwork) -> dict[str, float | int]:
+    """The membership overlay of the live nodes: links known at one end only (not counting
+    the pairs a NEIGHBOR_REPLY, DISCONNECT or failure notice is on its way between: a link
+    is one-sided while it travels), connected components, mean active view, and the mean
+    one-way latency of near-slot and random-slot links (proximity at work)."""
+    overlay = net.overlay()
+    if not overlay:
+        return {}
+    moving: set[frozenset[PeerId]] = set()
+    for _, _, receiver, event in net._queue:
+        if isinstance(event, ev.Received):
+            if type(event.message).__module__.endswith("membership_messages"):
+                moving.add(frozenset((receiver, event.peer)))
+        elif isinstance(event, (ev.PeerDown, ev.SendFailed)):
+            moving.add(frozenset((receiver, event.peer)))
+    one_sided = sum(
+        1 for a, view in overlay.items() for b in view
+        if (b not in overlay or a not in overlay[b]) and frozenset((a, b)) not in moving
+    )
+    components, seen = 0, set()
+    for start in sorted(overlay, key=bytes):
+        if start in seen:
+            continue
+        components += 1
+        seen.add(start)
+        frontier = [start]
+        while frontier:
+            for peer in overlay[frontier.pop()]:
+                if peer in overlay and peer not in seen:
+                    seen.add(peer)
+                    frontier.append(peer)
+    near: list[float] = []
+    random_links: list[float] = []
+    for peer, node in net.nodes.items():
+        if peer not in overlay or not isinstance(node.core, PulsarCore):
+            continue
+        for other, is_near in node.core.members.active.items():
+            (near if is_near else random_links).append(net.link_latency(peer, other))
+    def mean_ms(values: list[float]) -> float:
+        return round(1000 * sum(values) / len(values), 1) if values else 0.0
+    return {
+        "overlay_nodes": len(overlay),
+        "overlay_one_sided_links": one_sided,
+        "overlay_components": components,
+        "active_view_mean": round(sum(len(v) for v in overlay.values()) / len(overlay), 2),
+        "near_links": len(near),
+        "near_link_ms": mean_ms(near),
+        "random_link_ms": mean_ms(random_links),
+    }
 
 
 def _cycles(parents: dict[PeerId, frozenset[PeerId]]) -> int:

@@ -170,6 +170,7 @@ class SimNetwork:
             node.core = self._core(node, KnownPeers(known))
             self.nodes[me] = node
             self._order.append(node)
+            self.input(me, ev.Start())  # as Node.start does once its DHT has contacts
 
     def _core(self, node: SimNode, routing: KnownPeers) -> PulsarCore | FloodCore:
         if self.protocol == "floodsub":
@@ -215,6 +216,14 @@ class SimNetwork:
         return lambda p: nodes[p].alive and self.reachable(me, p)
 
     # ------------------------------------------------------------------ driving
+
+    def overlay(self) -> dict[PeerId, set[PeerId]]:
+        """The membership layer's active view of every live Pulsarcast node."""
+        return {
+            peer: set(node.core.members.active)
+            for peer, node in self.nodes.items()
+            if node.alive and isinstance(node.core, PulsarCore)
+        }
 
     def node(self, index: int) -> SimNode:
         return self._order[index]
@@ -289,6 +298,7 @@ class SimNetwork:
         node.core = self._core(node, routing)
         node.alive = True
         node.lives += 1
+        self.input(node.peer_id, ev.Start())
         for other in sorted(self.known_by[node.peer_id], key=bytes):
             other_routing = self.nodes[other].core.routing
             if isinstance(other_routing, KnownPeers):

@@ -27,7 +27,13 @@ from functools import partial
 from dag import CID, TopicDescriptor
 
 from ..proto import events as ev
-from .metrics import check_invariants, delivery_counts, order_violations, percentiles
+from .metrics import (
+    check_invariants,
+    delivery_counts,
+    order_violations,
+    overlay_invariants,
+    percentiles,
+)
 from .network import Protocol, SimNetwork, SimNode
 
 __all__ = ["SCENARIOS", "SimOptions", "run_sim"]
@@ -285,6 +291,7 @@ def run_sim(options: SimOptions) -> dict[str, object]:
         "order_violations": violations,
         "order_violations_unreported": unreported,
         "invariants": check_invariants(net, [t.cid for t in topics]),
+        "overlay": overlay_invariants(net),
         "faults": {"loss": options.loss, "churn": options.churn, "restart": options.restart,
                    "partition": options.partition, "late": options.late,
                    "crashed_for_good": len(crashed_for_good)},

@@ -62,10 +62,14 @@ async def test_two_concurrent_last_seen_publishers_every_subscriber_converges(
 
     everyone = [author, other, *readers]
     # Wait for a round of heads anti-entropy after the last delivery, then compare.
-    sent = sum(n.metrics["heads_sent"] for n in everyone)
+    # (A round is a HEADS, or its 16-byte digest to a neighbour told of every head.)
+    def rounds() -> int:
+        return sum(n.metrics["heads_sent"] + n.metrics["digests_sent"] for n in everyone)
+
+    sent = rounds()
     await eventually(
         lambda: (
-            sum(n.metrics["heads_sent"] for n in everyone) > sent
+            rounds() > sent
             and all(set(n.core.backfill.heads(topic.cid)) == tips for n in everyone)
         ),
         timeout=10,

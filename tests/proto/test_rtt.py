@@ -12,6 +12,7 @@ import pytest
 from dag import CID, Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
 from pulsar.proto.backfill import GapTimeout, RetryFetch, WantTimeout
+from pulsar.proto.batch_messages import Batch
 from pulsar.proto.core import PulsarCore
 from pulsar.proto.gossip_messages import Graft, IHave, Prune
 from pulsar.proto.messages import Event, Join, Leave, Ping, Pong
@@ -218,13 +219,22 @@ def test_a_slow_network_is_repaired_without_grafting_for_copies_one_hop_behind()
     sent: Counter[type] = Counter()
     links: set[tuple[PeerId, PeerId]] = set()
     heads_links: set[tuple[PeerId, PeerId]] = set()
+    overlay_links: set[tuple[PeerId, PeerId]] = set()
+    pings: Counter[tuple[PeerId, PeerId]] = Counter()
     send = net._send
 
     def counting(node: Any, out: ev.Send) -> None:
-        sent[type(out.message)] += 1
-        links.add((node.peer_id, out.peer))
-        if isinstance(out.message, Heads):
-            heads_links.add((node.peer_id, out.peer))
+        link = (node.peer_id, out.peer)
+        links.add(link)
+        inner = out.message.messages if isinstance(out.message, Batch) else (out.message,)
+        for message in inner:
+            sent[type(message)] += 1
+            if isinstance(message, Ping):
+                pings[link] += 1
+            elif type(message).__module__.endswith("membership_messages"):
+                overlay_links.add(link)
+            if isinstance(message, Heads):
+                heads_links.add(link)
         send(node, out)
 
     net._send = counting  # type: ignore[method-assign]
@@ -239,6 +249,8 @@ def test_a_slow_network_is_repaired_without_grafting_for_copies_one_hop_behind()
     sent.clear()
     links.clear()
     heads_links.clear()
+    overlay_links.clear()
+    pings.clear()
     for i in range(events):
         net.publish(author, topic.cid, b"e%d" % i)
         net.settle(0.25)
@@ -250,7 +262,9 @@ def test_a_slow_network_is_repaired_without_grafting_for_copies_one_hop_behind()
     # Probing follows links, not events: at most one probe per link used per minute
     # (the run lasts 75 simulated seconds).
     assert sent[Ping] <= 2 * len(links)
-    assert sent[Ping] < sent[Event] / 5
+    # The membership layer's shuffles probe the peers they reach; the rest follow events.
+    tree_pings = sum(count for link, count in pings.items() if link not in overlay_links)
+    assert tree_pings < sent[Event] / 5
     # While events flow, HEADS tell a neighbour only of events it was neither sent nor
     # announced (here: almost none), and every 16th change all of them; once the topic is
     # quiet, each refresh round (1, 2, 4, 8, 16 quiet ticks in these 60 s) goes to every
@@ -259,7 +273,7 @@ def test_a_slow_network_is_repaired_without_grafting_for_copies_one_hop_behind()
     rounds = 5
     assert sent[Heads] <= (rounds + events // 16 + 1) * len(heads_links), (
         sent[Heads], len(heads_links))
-    assert sent[Heads] < events * len(heads_links) / 6
+    assert sent[Heads] == 0 or sent[Heads] < events * len(heads_links) / 6
 
 
 # --------------------------------------------------------------------------- backfill waits

@@ -1,0 +1,214 @@
+"""Wire messages of the node-wide membership layer (HyParView), and topic interests.
+
+One overlay per node, shared by every topic (:mod:`pulsar.proto.membership`):
+
+* ``hvjoin`` — a node entering the overlay asks a contact to take it as a neighbour;
+* ``fwdjoin`` — the contact spreads the newcomer on random walks of ``ttl`` steps;
+* ``neighbor`` / ``neighbor_reply`` — ask to become neighbours (``high`` priority cannot be
+  refused: the asker has no neighbour left) and the answer;
+* ``disconnect`` — the link is dropped (``alive``: the sender stays up, keep it as a
+  passive peer);
+* ``vshuffle`` / ``vshuffle_reply`` — the periodic exchange of passive-view samples, on a
+  random walk from ``origin``;
+* ``interests`` — the topics a neighbour is in, told when the link comes up and when the
+  node joins a tree, so lazy links (Plumtree) can be drawn from the overlay.
+
+Like every message (:mod:`pulsar.proto.messages`) each is one DAG-CBOR map with a ``t``
+key and every field is checked on decode; the lists are bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from dag import CID, PeerId
+
+from .messages import MessageError, _cid, _uint, register
+
+__all__ = [
+    "MAX_INTERESTS",
+    "MAX_VIEW_SAMPLE",
+    "MAX_WALK",
+    "Disconnect",
+    "ForwardJoin",
+    "HvJoin",
+    "Interests",
+    "Neighbor",
+    "NeighborReply",
+    "ViewShuffle",
+    "ViewShuffleReply",
+]
+
+MAX_WALK: Final = 16
+"""The longest random walk a message may ask for (a receiver also caps it at its own)."""
+MAX_VIEW_SAMPLE: Final = 32
+"""Peers in one shuffle sample."""
+MAX_INTERESTS: Final = 512
+"""Topics in one INTERESTS message (a node in more sends several)."""
+
+
+def _peer(value: Any, what: str) -> PeerId:
+    try:
+        return PeerId(value)
+    except (ValueError, TypeError) as exc:
+        raise MessageError(f"{what}: {exc}") from None
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise MessageError(f"{what} must be a boolean")
+    return value
+
+
+def _peers(value: Any, what: str) -> tuple[PeerId, ...]:
+    if not isinstance(value, list) or len(value) > MAX_VIEW_SAMPLE:
+        raise MessageError(f"{what} must be a list of at most {MAX_VIEW_SAMPLE} peer ids")
+    return tuple(_peer(p, what) for p in value)
+
+
+@dataclass(frozen=True, slots=True)
+class HvJoin:
+    """Take me as a neighbour and introduce me to the overlay."""
+
+    T: ClassVar[str] = "hvjoin"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> HvJoin:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardJoin:
+    """``peer`` joined; pass this on for ``ttl`` more steps, then link with it."""
+
+    peer: PeerId
+    ttl: int
+    T: ClassVar[str] = "fwdjoin"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "peer": self.peer.raw, "ttl": self.ttl}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> ForwardJoin:
+        return cls(_peer(m["peer"], "fwdjoin.peer"), _uint(m["ttl"], "fwdjoin.ttl", MAX_WALK))
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbor:
+    """Be my neighbour; ``high`` when the sender has no neighbour at all."""
+
+    high: bool
+    T: ClassVar[str] = "neighbor"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "high": self.high}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Neighbor:
+        return cls(_bool(m["high"], "neighbor.high"))
+
+
+@dataclass(frozen=True, slots=True)
+class NeighborReply:
+    """The answer to NEIGHBOR: ``accept`` means the sender now holds the link."""
+
+    accept: bool
+    T: ClassVar[str] = "neighbor_reply"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "accept": self.accept}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> NeighborReply:
+        return cls(_bool(m["accept"], "neighbor_reply.accept"))
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """The sender dropped the link; ``alive``: it is still up (keep it as passive)."""
+
+    alive: bool
+    T: ClassVar[str] = "disconnect"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "alive": self.alive}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Disconnect:
+        return cls(_bool(m["alive"], "disconnect.alive"))
+
+
+@dataclass(frozen=True, slots=True)
+class ViewShuffle:
+    """A sample of ``origin``'s views, walking ``ttl`` more steps before it is answered."""
+
+    origin: PeerId
+    ttl: int
+    peers: tuple[PeerId, ...]
+    T: ClassVar[str] = "vshuffle"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "t": self.T, "origin": self.origin.raw, "ttl": self.ttl,
+            "peers": [p.raw for p in self.peers],
+        }
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> ViewShuffle:
+        return cls(
+            _peer(m["origin"], "vshuffle.origin"),
+            _uint(m["ttl"], "vshuffle.ttl", MAX_WALK),
+            _peers(m["peers"], "vshuffle.peers"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ViewShuffleReply:
+    """The answer to a VSHUFFLE, sent straight to its origin: a sample of passive peers."""
+
+    peers: tuple[PeerId, ...]
+    T: ClassVar[str] = "vshuffle_reply"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "peers": [p.raw for p in self.peers]}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> ViewShuffleReply:
+        return cls(_peers(m["peers"], "vshuffle_reply.peers"))
+
+
+@dataclass(frozen=True, slots=True)
+class Interests:
+    """Topics whose trees the sender is in (not a complete list: added to what it said)."""
+
+    topics: tuple[CID, ...]
+    T: ClassVar[str] = "interests"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.T, "topics": list(self.topics)}
+
+    @classmethod
+    def from_wire(cls, m: dict[str, Any]) -> Interests:
+        topics = m["topics"]
+        if not isinstance(topics, list) or not 1 <= len(topics) <= MAX_INTERESTS:
+            raise MessageError(f"interests.topics must be a list of 1 to {MAX_INTERESTS} CIDs")
+        return cls(tuple(_cid(t, "interests.topic") for t in topics))
+
+
+MembershipMessage = (
+    HvJoin | ForwardJoin | Neighbor | NeighborReply | Disconnect | ViewShuffle | ViewShuffleReply
+)
+"""What :class:`pulsar.proto.membership.Membership` handles (INTERESTS goes to the core)."""
+
+register(HvJoin, set())
+register(ForwardJoin, {"peer", "ttl"})
+register(Neighbor, {"high"})
+register(NeighborReply, {"accept"})
+register(Disconnect, {"alive"})
+register(ViewShuffle, {"origin", "ttl", "peers"})
+register(ViewShuffleReply, {"peers"})
+register(Interests, {"topics"})
