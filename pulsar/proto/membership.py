@@ -258,8 +258,18 @@ class Membership:
         out = self._add_active(peer, near=False)
         out.append(ev.Send(peer, NeighborReply(True)))
         walk = ForwardJoin(peer, self.config.active_walk)
-        out += [ev.Send(p, walk) for p in self.neighbours() if p != peer]
-        return out
+        others = [p for p in self.neighbours() if p != peer]
+        self.rng.shuffle(others)
+        return out + [ev.Send(p, walk) for p in others[: self._walks_per_join()]]
+
+    def _walks_per_join(self) -> int:
+        """HyParView walks from every neighbour of the contact; with ``join_contacts``
+        contacts that offers the newcomer far more links than its view holds, and each
+        surplus link is an eviction (a DISCONNECT, a repair, a new connection) somewhere.
+        So each contact starts only its share of the walks the newcomer's free slots
+        need (2 each by default: 2 contacts + 4 walks for 5 slots)."""
+        free = self.config.active_size - self.config.join_contacts
+        return max(1, -(-free // self.config.join_contacts))
 
     def _on_forward_join(self, sender: PeerId, msg: ForwardJoin, now: float) -> Out:
         newcomer = msg.peer
