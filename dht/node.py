@@ -32,7 +32,7 @@ from dag.store import BlockStore
 from .config import DhtConfig
 from .errors import BlockNotFound, DhtError, NotStarted
 from .keys import check_block_size, check_fetchable, dht_key, parse_record
-from .lookup import NeighbourhoodCache, find_value
+from .lookup import NeighbourhoodCache, find_closest, find_value
 from .maintenance import Maintainer, MaintenanceReport
 from .peers import Contact, HasKademliaId, PeerBook, kademlia_key
 from .records import find_record
@@ -315,6 +315,23 @@ class DhtNode:
         Kademlia key or a peer id — by exact XOR distance, nearest first. Local only: no
         network traffic. Each contact carries its address, and its peer id once proven."""
         return self._protocol.closest_contacts(kademlia_key(key), k or self._config.ksize)
+
+    async def locate(self, peer: bytes | HasKademliaId) -> tuple[str, int] | None:
+        """The address of one node: from our k-buckets, else by a FIND_NODE crawl for its
+        id (a peer learned from gossip — an overlay walk, a shuffle sample, a tree
+        redirect — is often not in them). None when the crawl does not meet it. The
+        address is a hint: the transport's handshake proves who answers there."""
+        key = kademlia_key(peer)
+        for contact in self.closest_known_peers(key, 1):
+            if contact.node_id == key:
+                return contact.address
+        self._check_running()
+        found = await find_closest(self._protocol, key, ksize=self._config.ksize,
+                                   alpha=self._config.alpha, stats=self.stats)
+        for node in found:
+            if node.id == key and node.ip is not None and node.port is not None:
+                return (node.ip, node.port)
+        return None
 
     def record_proof(self, peer_id: PeerId, host: str, port: int, *,
                      expected_node_id: bytes | None = None) -> Contact:

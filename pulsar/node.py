@@ -66,6 +66,8 @@ OUTBOX_PER_TOPIC = 64
 """Own published events kept per tree until delivered here. A tree this node only relays
 never delivers, so its outbox is a window of the newest: by the time 64 later publishes
 went out, HEADS ticks have long told the neighbours of the older ones."""
+LOCATE_MISS_FOR = 60.0
+"""Seconds a peer the DHT could not locate is not looked for again."""
 
 
 class PublishError(RuntimeError):
@@ -150,6 +152,8 @@ class Node:
         self._flush_scheduled = False
         self._stopped = False
         self._to_resume: dict[CID, None] = {}
+        self._locating: dict[PeerId, asyncio.Task[tuple[str, int] | None]] = {}
+        self._locate_missed: dict[PeerId, float] = {}
         """Durable subscriptions (and trees with events in the outbox) not rejoined yet: a
         restart resumes them in batches in the background (the API answers at once); a call
         that names one resumes it first."""
@@ -877,11 +881,36 @@ class Node:
 
     async def _send_slow(self, peer: PeerId, address: tuple[str, int] | None, frame: bytes) -> None:
         try:
+            if address is None:
+                address = await self._locate(peer)
             await self.transport.send(peer, address, frame)
         except (PeerUnreachable, ConnectionError, OSError) as exc:
             log.info("could not reach %s: %s", peer, exc)
             if not self._stopped:
                 self._apply(self.core.handle(ev.SendFailed(peer), time.time()))
+
+    async def _locate(self, peer: PeerId) -> tuple[str, int] | None:
+        """A peer our k-buckets do not hold: one DHT crawl for it, shared by the sends that
+        wait for it; a miss is remembered for ``LOCATE_MISS_FOR`` seconds, so a peer
+        nobody can find costs one crawl a minute, not one per message."""
+        now = time.monotonic()
+        missed = self._locate_missed.get(peer)
+        if missed is not None and now - missed < LOCATE_MISS_FOR:
+            return None
+        pending = self._locating.get(peer)
+        if pending is None:
+            pending = self._locating[peer] = self._spawn(self.dht.locate(peer))
+            pending.add_done_callback(lambda _: self._locating.pop(peer, None))
+        try:
+            address = await asyncio.shield(pending)
+        except Exception as exc:  # a crawl that failed is a miss like any other
+            log.debug("could not locate %s: %s", peer, exc)
+            address = None
+        if address is None:
+            if len(self._locate_missed) > 4096:
+                self._locate_missed.clear()
+            self._locate_missed[peer] = now
+        return address
 
     def _address_of(self, peer: PeerId) -> tuple[str, int] | None:
         for contact in self.dht.closest_known_peers(peer, 1):

@@ -183,6 +183,7 @@ class PulsarCore(Publishing, VersionAdoption):
             "records_written": 0,
             "store_quorum_failed": 0,
             "stale_edges": 0,
+            "relays_bypassed": 0,
         }
 
     def handle(self, event: ev.InEvent, now: float) -> Out:
@@ -395,6 +396,7 @@ class PulsarCore(Publishing, VersionAdoption):
         tree = self._trees.get(topic.cid)
         if tree is not None:
             tree.deliver = tree.deliver or cmd.deliver
+            tree.relay_only = False  # ours now: it stays, and is nobody's detour
             out += self.backfill.open(
                 topic.cid, now, deliver=cmd.deliver, since=since, heads=cmd.heads
             )
@@ -492,14 +494,7 @@ class PulsarCore(Publishing, VersionAdoption):
             case Blocks():
                 return self.backfill.on_blocks(peer, message, now)
             case Joined():
-                tree = self._trees.get(message.topic)
-                if tree is not None and peer in tree.parents:
-                    tree.confirmed.add(peer)  # the parent took us as a child
-                    tree.retries.pop(peer, None)
-                    if message.heads:
-                        tree.hint = message.heads[-1]  # the freshest word on the heads
-                    self.lazy.learn(message.topic, message.peers, now)
-                return self.backfill.on_heads(peer, message, now)
+                return self._on_joined(peer, message, now)
             case Heads():
                 return self.backfill.on_heads(peer, message, now)
             case HeadsDigest():
@@ -538,6 +533,7 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self._reject(peer, "join must name a topic's first version")
             out = self._add_version(topic, now)
             tree = self.router.new_tree(topic, deliver=False)
+            tree.relay_only = True
             self._new_interests.append(topic.cid)
             out += self.lazy.start(topic.cid, now)
             out += self.backfill.open(topic.cid, now, deliver=False, since=now)
@@ -549,10 +545,58 @@ class PulsarCore(Publishing, VersionAdoption):
         # The answer to a JOIN confirms the edge to the child and carries our heads, so it
         # backfills at once whatever it missed while it was not attached.
         heads = tuple(self.backfill.heads(msg.topic)[:MAX_HEADS])
-        out.append(ev.Send(peer, Joined(msg.topic, heads, self.lazy.sample(msg.topic, peer))))
+        sample = self.lazy.sample(msg.topic, peer)
+        out.append(ev.Send(peer, Joined(msg.topic, heads, sample, self._relay_up(tree))))
         if tree.in_tree():
             return out
         return out + self.router.join(tree, now)
+
+    def _on_joined(self, peer: PeerId, msg: Joined, now: float) -> Out:
+        tree = self._trees.get(msg.topic)
+        out: Out = []
+        if tree is not None and peer in tree.parents:
+            first = peer not in tree.confirmed
+            tree.confirmed.add(peer)  # the parent took us as a child
+            tree.retries.pop(peer, None)
+            if msg.heads:
+                tree.hint = msg.heads[-1]  # the freshest word on the heads
+            self.lazy.learn(msg.topic, msg.peers, now)
+            if msg.up is not None:
+                out += self._bypass(tree, peer, msg.up)
+            elif first and self._relays_only(tree):
+                # Children that joined while we were not attached yet: send them up too.
+                heads = tuple(self.backfill.heads(msg.topic)[:MAX_HEADS])
+                for child in sorted(tree.children, key=bytes):
+                    sample = self.lazy.sample(msg.topic, child)
+                    out.append(ev.Send(child, Joined(msg.topic, heads, sample, peer)))
+        return out + self.backfill.on_heads(peer, msg, now)
+
+    def _relays_only(self, tree: Tree) -> bool:
+        """In the tree only because a JOIN came through us (not subscribed, not the
+        author, not publishing on it): children are better off with our parent."""
+        return (tree.relay_only and not tree.deliver and not tree.acting_root
+                and tree.topic.author != self.me)
+
+    def _relay_up(self, tree: Tree) -> PeerId | None:
+        if not self._relays_only(tree):
+            return None
+        confirmed = sorted(tree.parents & tree.confirmed, key=bytes)
+        return confirmed[0] if confirmed else None
+
+    def _bypass(self, tree: Tree, relay: PeerId, up: PeerId) -> Out:
+        """Our parent only relays and named its own parent: join there and leave the
+        relay (which then leaves the tree if nobody else hangs off it), so events stop
+        making a detour through a node that does not want them. ``up`` must be strictly
+        closer to the author than we are — the progress rule that keeps trees acyclic —
+        and not a peer we avoid; otherwise we stay where we are."""
+        if (up in (self.me, relay) or up in tree.children or up in tree.avoid
+                or not self.router.closer(up, tree.topic.author)):
+            return []
+        tree.parents = {up}
+        tree.confirmed.discard(relay)
+        tree.retries.pop(relay, None)
+        self.metrics["relays_bypassed"] += 1
+        return [ev.Send(relay, Leave(tree.topic.cid)), *self.router.send_join(tree, up)]
 
     def _on_leave(self, peer: PeerId, msg: Leave, now: float) -> Out:
         tree = self._trees.get(msg.topic)

@@ -226,24 +226,34 @@ class Joined(Heads):
     only acknowledgement of the edge: a parent also sends HEADS (and IHAVE) to lazy links,
     so those prove only that it knows the sender, not that it forwards to it. ``peers`` is
     a sample of the topic's other members the parent knows: the child's first lazy links,
-    with no SHUFFLE needed."""
+    with no SHUFFLE needed. ``up``, from a node that is in the tree only to relay (it is
+    not subscribed), names its own parent: join there instead, so events do not take a
+    detour through a node that does not want them (left out when unset)."""
 
     peers: tuple[PeerId, ...] = ()
+    up: PeerId | None = None
     T: ClassVar[str] = "joined"
 
     def to_wire(self) -> dict[str, Any]:
-        return {"t": self.T, "topic": self.topic, "heads": list(self.heads),
+        wire = {"t": self.T, "topic": self.topic, "heads": list(self.heads),
                 "peers": [p.raw for p in self.peers]}
+        if self.up is not None:
+            wire["up"] = self.up.raw
+        return wire
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Joined:
+        up = None
+        if "up" in m:
+            sample = parse_sample([m["up"]], "joined.up")
+            up = sample[0]
         return cls(_cid(m["topic"], "joined.topic"),
                    _links(m["heads"], "joined.heads", MAX_HEADS),
-                   parse_sample(m["peers"], "joined.peers"))
+                   parse_sample(m["peers"], "joined.peers"), up)
 
 
 register(Want, {"topic", "head", "limit", "have", "after"})
 register(Blocks, {"topic", "head", "blocks"})
 register(Heads, {"topic", "heads"})
 register(HeadsDigest, {"topic", "digest"})
-register(Joined, {"topic", "heads", "peers"})
+register(Joined, {"topic", "heads", "peers"}, frozenset({"up"}))

@@ -85,6 +85,8 @@ class Tree:
     record_seq: int = 0
     publishers: OrderedDict[PeerId, None] = field(default_factory=OrderedDict)
     """Publishers seen lately (named in our heads record, for discovery)."""
+    relay_only: bool = False
+    """The tree began with a JOIN through us, not a subscription of ours."""
     stale_told: dict[PeerId, float] = field(default_factory=dict)
     """Peers told LEAVE for pushing over an edge we do not hold, and when."""
 
@@ -129,6 +131,11 @@ class TreeRouter:
                 self._kid_cache.clear()
             kid = self._kid_cache[peer] = int.from_bytes(peer.kademlia_id(), "big")
         return kid
+
+    def closer(self, peer: PeerId, author: PeerId) -> bool:
+        """``peer`` is strictly closer to ``author``'s Kademlia id than this node."""
+        target = self._kid(author)
+        return self._kid(peer) ^ target < self._kid(self.me) ^ target
 
     def next_hop(self, author: PeerId, avoid: set[PeerId]) -> PeerId | None:
         """The known peer closest to ``author``, if strictly closer than this node."""

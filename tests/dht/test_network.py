@@ -253,3 +253,14 @@ async def test_a_stock_node_that_ignores_find_near_is_asked_find_node(
     assert ok and protocol.stats.sent_by_rpc.get("find_near", 0) == near  # FIND_NODE now
     assert protocol.stats.sent_by_rpc.get("find_near", 0) > 0
     assert protocol.stats.sent_by_rpc.get("find_node", 0) > 0
+
+
+async def test_a_node_not_in_our_buckets_is_located_by_a_crawl(network: Network) -> None:
+    nodes = [await network.add() for _ in range(6)]
+    asker, target = nodes[1], nodes[5]
+    # Forget the target, as if we had only heard its peer id (an overlay walk, a sample).
+    asker._protocol.router.remove_contact(Node(target.node_id))
+    assert all(c.node_id != target.node_id for c in asker.closest_known_peers(target.node_id))
+    assert await asker.locate(target.peer_id) == target.address
+    # Nobody by that id: None, after one crawl.
+    assert await asker.locate(Identity.generate().peer_id) is None
