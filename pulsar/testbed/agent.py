@@ -40,6 +40,7 @@ from ..bench.control import CommandWorker, run_worker
 from ..config import NodeConfig
 from ..net.faults import FaultInjector
 from ..node import Node, PublishError
+from ..proto.core import PulsarCore
 from .trace import TraceWriter
 from .tracer import NodeTracer
 
@@ -190,8 +191,15 @@ class _Agent(CommandWorker):
             return
         transport = node.transport.stats
         dht = node.dht.stats
+        overlay: dict[str, list[float | bool | None]] = {}
+        core = node.core
+        members = core.members.active if isinstance(core, PulsarCore) else {}
+        for peer, near in members.items():
+            estimate = core.rtt.get(peer)
+            srtt = None if estimate is None else round(estimate.srtt * 1000, 1)
+            overlay[str(peer)] = [srtt, near]
         tracer.sample(transport.bytes_sent, transport.bytes_received, dht.bytes_sent,
-                      dht.bytes_received, dht.sent_by_rpc)
+                      dht.bytes_received, dht.sent_by_rpc, overlay)
 
     async def _sampler(self) -> None:
         ticks_per_sample = round(SAMPLE_EVERY / FLUSH_EVERY)

@@ -42,7 +42,8 @@ by kind (absent fields are null):
                type, e.g. ``{"event": ..., "heads": ..., "ihave": ...}``),
                ``dht_sent_by_rpc`` (DHT datagram bytes sent so far by RPC: requests by
                name, answers as ``name+answer``, e.g. ``{"store": ..., "find_node+answer":
-               ...}``).
+               ...}``), ``overlay`` (the membership layer's active neighbours:
+               ``{peer: [srtt_ms or null, near]}``, ``near`` true for a proximity slot).
 =============  ================================================================================
 
 Copies of an event payload, for RMR, are the ``receive`` and ``duplicate`` records; every
