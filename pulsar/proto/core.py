@@ -311,7 +311,11 @@ class PulsarCore(Publishing, VersionAdoption):
                 continue
             if tree.topic.is_meta:
                 extra += self._announced(item.event, now)
-            elif tree.topic.author == self.me:
+            elif (tree.topic.author == self.me and item.event.publisher != self.me
+                  and item.event.publisher not in tree.recorded_publishers):
+                # A publisher our record does not name yet: readers find its own record
+                # (fresh after each of its publishes) through ours. Heads alone changing
+                # needs no rewrite of ours — that was two record writes per event.
                 extra += self._arm_record(tree, self.config.author_record_interval, now)
         out += extra
         out += self._interests(now)

@@ -339,6 +339,7 @@ class Publishing(CoreParts):
             heads.append(tree.last_seen)
         tree.record_seq = max(tree.record_seq + 1, int(now * 1000))
         peers = tuple(p for p in tree.publishers if p != self.me)[-MAX_RECORD_PEERS:]
+        tree.recorded_publishers = frozenset(peers)
         record = HeadsRecord.create(
             self.identity,
             tree.topic.cid,

@@ -85,6 +85,8 @@ class Tree:
     record_seq: int = 0
     publishers: OrderedDict[PeerId, None] = field(default_factory=OrderedDict)
     """Publishers seen lately (named in our heads record, for discovery)."""
+    recorded_publishers: frozenset[PeerId] = frozenset()
+    """The publishers our last heads record named."""
     relay_only: bool = False
     """The tree began with a JOIN through us, not a subscription of ours."""
     stale_told: dict[PeerId, float] = field(default_factory=dict)
