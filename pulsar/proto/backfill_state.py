@@ -65,13 +65,10 @@ Neighbours = Callable[[CID], Iterable[PeerId]]
 class BackfillConfig:
     want_limit: int = 512
     """Blocks asked for per WANT: one round trip closes a gap of this length."""
-    want_timeout: float = 0.5
+    want_timeout: float = 2.0
     """How long a WANT may go unanswered before the DHT is asked instead, at least: with
     the peer's round-trip time measured, ``want_rtts`` x its RTO if longer (a slow path
-    must not make every answer arrive after the DHT was asked, as a duplicate). The floor
-    was 2 s: with star trees (relays step aside) a child has one tree neighbour, and a
-    lost WANT then left a gap only ~1 s for its DHT fetch before ``gap_timeout``
-    released what it held (6 order violations under 5 % loss in the testbed)."""
+    must not make every answer arrive after the DHT was asked, as a duplicate)."""
     want_rtts: float = 2.0
     gap_timeout: float = 5.0
     """The longest a gap holds delivery back before it is reported and skipped."""

@@ -244,7 +244,7 @@ def test_missing_parent_sends_exactly_one_want_and_delivers_nothing() -> None:
     assert out == [
         ev.SetTimer(5.0, GapTimeout(TID, 0, 1)),
         ev.Send(PEER, Want(TID, e2.cid, 512, (e0.cid,), None)),
-        ev.SetTimer(0.5, WantTimeout(TID, 0, PEER, e2.cid)),
+        ev.SetTimer(2.0, WantTimeout(TID, 0, PEER, e2.cid)),
     ]
     # A descendant of the held event, from anyone: held too, and no second request.
     assert core.accepted(TID, e4, 2, PEER2, 1.1) == []
@@ -460,7 +460,7 @@ def test_a_batch_that_runs_into_another_gap_feeds_it() -> None:
     out = core.on_blocks(PEER2, late, 1.2)
     assert out == [
         ev.Send(PEER2, Want(TID, cids[1], 512, (cids[0],), None)),
-        ev.SetTimer(0.5, WantTimeout(TID, 0, PEER2, cids[1])),
+        ev.SetTimer(2.0, WantTimeout(TID, 0, PEER2, cids[1])),
     ]
     out = core.on_blocks(PEER2, Blocks(TID, cids[1], (chain[1].block,)), 1.3)
     assert _delivered(out) == chain[1:]
