@@ -511,9 +511,8 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self.frags.on_idontwant(peer, message)
             case FWant():
                 return self.frags.on_fwant(peer, message, self._lookup)
-            case HvJoin() | ForwardJoin() | Neighbor() | NeighborReply() | Disconnect():
-                return self.members.on_message(peer, message, now)
-            case ViewShuffle() | ViewShuffleReply():
+            case (HvJoin() | ForwardJoin() | Neighbor() | NeighborReply() | Disconnect()
+                  | ViewShuffle() | ViewShuffleReply()):
                 return self.members.on_message(peer, message, now)
             case Interests():
                 return self._on_interests(peer, message, now)

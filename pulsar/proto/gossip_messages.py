@@ -101,10 +101,10 @@ class Shuffle:
         return cls(_cid(m["topic"], "shuffle.topic"), sample, m["reply"])
 
 
-def parse_sample(peers: Any, name: str) -> tuple[PeerId, ...]:
-    """A member sample off the wire: at most :data:`MAX_SAMPLE` valid peer ids."""
-    if not isinstance(peers, list) or len(peers) > MAX_SAMPLE:
-        raise MessageError(f"{name} must be a list of at most {MAX_SAMPLE}")
+def parse_sample(peers: Any, name: str, limit: int = MAX_SAMPLE) -> tuple[PeerId, ...]:
+    """A peer sample off the wire: at most ``limit`` valid peer ids."""
+    if not isinstance(peers, list) or len(peers) > limit:
+        raise MessageError(f"{name} must be a list of at most {limit}")
     try:
         return tuple(PeerId(p) for p in peers)
     except (ValueError, TypeError) as exc:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId
 
+from .gossip_messages import parse_sample
 from .messages import MessageError, _cid, _uint, register
 
 __all__ = [
@@ -49,22 +50,13 @@ MAX_INTERESTS: Final = 512
 
 
 def _peer(value: Any, what: str) -> PeerId:
-    try:
-        return PeerId(value)
-    except (ValueError, TypeError) as exc:
-        raise MessageError(f"{what}: {exc}") from None
+    return parse_sample([value], what, 1)[0]
 
 
 def _bool(value: Any, what: str) -> bool:
     if not isinstance(value, bool):
         raise MessageError(f"{what} must be a boolean")
     return value
-
-
-def _peers(value: Any, what: str) -> tuple[PeerId, ...]:
-    if not isinstance(value, list) or len(value) > MAX_VIEW_SAMPLE:
-        raise MessageError(f"{what} must be a list of at most {MAX_VIEW_SAMPLE} peer ids")
-    return tuple(_peer(p, what) for p in value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +154,7 @@ class ViewShuffle:
         return cls(
             _peer(m["origin"], "vshuffle.origin"),
             _uint(m["ttl"], "vshuffle.ttl", MAX_WALK),
-            _peers(m["peers"], "vshuffle.peers"),
+            parse_sample(m["peers"], "vshuffle.peers", MAX_VIEW_SAMPLE),
         )
 
 
@@ -178,7 +170,7 @@ class ViewShuffleReply:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> ViewShuffleReply:
-        return cls(_peers(m["peers"], "vshuffle_reply.peers"))
+        return cls(parse_sample(m["peers"], "vshuffle_reply.peers", MAX_VIEW_SAMPLE))
 
 
 @dataclass(frozen=True, slots=True)

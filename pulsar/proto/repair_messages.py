@@ -243,10 +243,7 @@ class Joined(Heads):
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Joined:
-        up = None
-        if "up" in m:
-            sample = parse_sample([m["up"]], "joined.up")
-            up = sample[0]
+        up = parse_sample([m["up"]], "joined.up", 1)[0] if "up" in m else None
         return cls(_cid(m["topic"], "joined.topic"),
                    _links(m["heads"], "joined.heads", MAX_HEADS),
                    parse_sample(m["peers"], "joined.peers"), up)
