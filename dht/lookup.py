@@ -147,12 +147,15 @@ class ValueLookup:
     nodes are asked, ``alpha`` at a time, learning closer nodes from the answers without
     the value; :meth:`values` yields each answer that carries one. What a value is worth
     is the caller's to judge (a block must hash to its CID, a heads record must verify and
-    be the newest); :meth:`distrust` keeps a liar from being asked again."""
+    be the newest); :meth:`distrust` keeps a liar from being asked again. With ``count``,
+    each miss is answered with that many contacts (FIND_VALUE_NEAR), not the peer's k."""
 
-    def __init__(self, protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int) -> None:
+    def __init__(self, protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
+                 count: int | None = None) -> None:
         self._protocol = protocol
         self._key = key
         self._ksize = ksize
+        self._count = count
         self._alpha = alpha
         self._target = int.from_bytes(key, "big")
         self._known: dict[bytes, Node] = {n.id: n for n in protocol.closest_nodes(key, ksize)}
@@ -181,7 +184,7 @@ class ValueLookup:
             while True:
                 for node in self._candidates()[: max(0, self._alpha - len(in_flight))]:
                     self._asked.add(node.id)
-                    query = self._protocol.call_find_value(node, keynode)
+                    query = self._protocol.call_find_value(node, keynode, self._count)
                     in_flight[asyncio.ensure_future(query)] = node
                 if not in_flight:
                     return
@@ -209,7 +212,7 @@ class ValueLookup:
 
 
 async def find_value(protocol: PulsarProtocol, cid: CID, key: bytes, *, ksize: int,
-                     alpha: int, stats: DhtStats,
+                     alpha: int, stats: DhtStats, count: int | None = None,
                      on_found: Callable[[Node, bytes], object] | None = None) -> bytes:
     """Walk towards ``key`` asking FIND_VALUE until some peer returns a block that hashes to
     ``cid``. Raises :class:`BlockNotFound` once the k closest live peers have all been asked.
@@ -217,7 +220,7 @@ async def find_value(protocol: PulsarProtocol, cid: CID, key: bytes, *, ksize: i
     ``on_found(node, block)`` is told the closest peer that answered without the value, so
     the caller can cache the verified block there (Kademlia section 2.3).
     """
-    walk = ValueLookup(protocol, key, ksize=ksize, alpha=alpha)
+    walk = ValueLookup(protocol, key, ksize=ksize, alpha=alpha, count=count)
     bad = 0
     async with aclosing(walk.values()) as answers:
         async for node, value in answers:

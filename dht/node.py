@@ -238,6 +238,7 @@ class DhtNode:
         records = [(dht_key(cid), block) for cid, block in items]
         self._storage.offer_many(records)
         self._protocol.note_local_bytes(sum(len(block) for _, block in records))
+        self.stats.block_puts += len(records)
         replicated = await self._replicator.replicate_many(records, quorum)
         return [PutResult(cid, r.acks, r.targets)
                 for (cid, _), r in zip(items, replicated, strict=True)]
@@ -257,11 +258,13 @@ class DhtNode:
         held = self._storage.get(key)
         if held is not None and cid.verifies(held):
             return held
+        self.stats.block_gets += 1
         try:
             async with asyncio.timeout(timeout or self._config.get_timeout):
                 return await find_value(
                     self._protocol, cid, key, ksize=self._config.ksize,
                     alpha=self._config.alpha, stats=self.stats,
+                    count=self._config.replication,
                     # Kademlia 2.3: the closest peer that lacked it gets a (verified) copy.
                     on_found=lambda node, block: self._replicator.batcher.store(
                         node, key, block),
@@ -288,6 +291,7 @@ class DhtNode:
         if not self._storage.offer(record.key, record.block):
             return 0
         self._protocol.note_local_bytes(len(record.block))
+        self.stats.record_puts += 1
         replicated = await self._replicator.replicate(record.key, record.block)
         return replicated.acks
 
@@ -299,10 +303,14 @@ class DhtNode:
         self._check_running()
         key = heads_record_key(topic, publisher)
         local = parse_record(key, self._storage.get(key))
+        self.stats.record_gets += 1
         try:
             async with asyncio.timeout(timeout or self._config.get_timeout):
+                # A record is put at the ``replication`` closest nodes of its key (the
+                # walk asks them all: it wants the newest, not the first).
                 found = await find_record(self._protocol, topic, publisher,
-                                          ksize=self._config.ksize, alpha=self._config.alpha,
+                                          ksize=self._config.replication,
+                                          alpha=self._config.alpha,
                                           stats=self.stats)
         except TimeoutError:
             found = None
@@ -330,6 +338,7 @@ class DhtNode:
             if contact.node_id == key:
                 return contact.address
         self._check_running()
+        self.stats.locates += 1
         # The node with that id is the closest there is to it: a crawl that keeps only the
         # few closest (FIND_NEAR answers of 3 contacts, not k) finds it at a fraction of the
         # bytes (the testbed's overlay and relay hand-overs cost 4.7 MiB of answers at k).

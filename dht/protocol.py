@@ -83,7 +83,10 @@ Address = tuple[str, int]
 _MAX_SILENT = 10_000
 """Quarantined addresses remembered at most (a flood of dead contacts stays bounded)."""
 _NOT_NEAR_FOR = 600.0
-"""Seconds an address that ignored a FIND_NEAR is asked FIND_NODE instead."""
+"""Seconds an address that ignored a FIND_NEAR (FIND_VALUE_NEAR) is asked FIND_NODE
+(FIND_VALUE) instead."""
+_COUNTED = frozenset({"find_near", "find_value_near"})
+"""Our lookups that name how many contacts to answer with; stock nodes ignore them."""
 _DEPARTED_MEMORY = 10_000
 """Contacts remembered as recently gone (to recognise a restart), at most."""
 
@@ -153,10 +156,12 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
         self._departed: OrderedDict[bytes, float] = OrderedDict()  # id -> when removed
         self._batching: set[Address] = set()  # addresses that have answered a STORE_BATCH
-        self._near: set[Address] = set()  # addresses that have answered a FIND_NEAR
-        # addresses that let a FIND_NEAR time out without ever answering one, until when
-        # they get FIND_NODE instead (a stock node, an older one of ours, or one that was down)
-        self._not_near: OrderedDict[Address, float] = OrderedDict()
+        # addresses that have answered a FIND_NEAR / FIND_VALUE_NEAR, by RPC
+        self._near: dict[str, set[Address]] = {name: set() for name in _COUNTED}
+        # addresses that let one time out without ever answering one, until when they get
+        # the stock RPC instead (a stock node, an older one of ours, or one that was down)
+        self._not_near: dict[str, OrderedDict[Address, float]] = {
+            name: OrderedDict() for name in _COUNTED}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
@@ -179,6 +184,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             "find_node": self.rpc_find_node,
             "find_near": self.rpc_find_near,
             "find_value": self.rpc_find_value,
+            "find_value_near": self.rpc_find_value_near,
         }
 
     def __getattr__(self, name: str) -> Any:
@@ -313,8 +319,8 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         address = (addr[0], addr[1])
         if pending.name == "store_batch" and len(self._batching) < _MAX_SILENT:
             self._batching.add(address)
-        elif pending.name == "find_near" and len(self._near) < _MAX_SILENT:
-            self._near.add(address)
+        elif pending.name in _COUNTED and len(self._near[pending.name]) < _MAX_SILENT:
+            self._near[pending.name].add(address)
         # It echoed our random message id from the address we asked: it receives there.
         data = response.data
         answered_id = (data if pending.name == "ping" and isinstance(data, bytes)
@@ -333,13 +339,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         # its silence there says nothing about whether it is up, unless it has answered
         # one before.
         address = (pending.address[0], pending.address[1])
-        if pending.name == "find_near" and address not in self._near:
-            self._not_near[address] = time.monotonic() + _NOT_NEAR_FOR
-            while len(self._not_near) > _MAX_SILENT:
-                self._not_near.popitem(last=False)
+        if pending.name in _COUNTED and address not in self._near[pending.name]:
+            ignored = self._not_near[pending.name]
+            ignored[address] = time.monotonic() + _NOT_NEAR_FOR
+            while len(ignored) > _MAX_SILENT:
+                ignored.popitem(last=False)
         if self.config.silent_for > 0 and (
             (pending.name != "store_batch" or address in self._batching)
-            and (pending.name != "find_near" or address in self._near)
+            and (pending.name not in _COUNTED or address in self._near[pending.name])
         ):
             now = time.monotonic()
             if len(self._silent) >= _MAX_SILENT:
@@ -402,6 +409,10 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                    ) -> asyncio.Future[RpcResult]:
         return self._request(address, "find_value", (node_id, key))
 
+    def find_value_near(self, address: Address, node_id: bytes, key: bytes, count: int
+                        ) -> asyncio.Future[RpcResult]:
+        return self._request(address, "find_value_near", (node_id, key, count))
+
     # -- calls with checked answers (used by the package's crawlers and by ours) --------
 
     async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> RpcResult:
@@ -424,14 +435,10 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         seconds only FIND_NODE (one timeout is the price of a stock node; a timeout of
         FIND_NEAR alone never marks a node silent or drops it)."""
         address = _address(node_to_ask)
-        key = (address[0], address[1])
-        until = self._not_near.get(key)
-        if until is not None:
-            if until > time.monotonic():
-                return await self.call_find_node(node_to_ask, node_to_find)
-            del self._not_near[key]
+        if not self._may_count(address, "find_near"):
+            return await self.call_find_node(node_to_ask, node_to_find)
         ok, data = await self.find_near(address, self.source_node.id, node_to_find.id, count)
-        if not ok and key not in self._near:
+        if not ok and (address[0], address[1]) not in self._near["find_near"]:
             # Never answered one: a stock node (or an older one of ours) ignores FIND_NEAR;
             # ask FIND_NODE before concluding anything about it.
             return await self.call_find_node(node_to_ask, node_to_find)
@@ -443,9 +450,32 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                 ok, data = False, None
         return self.handle_call_response((ok, data), node_to_ask)
 
-    async def call_find_value(self, node_to_ask: Node, node_to_find: Node) -> RpcResult:
-        ok, data = await self.find_value(_address(node_to_ask), self.source_node.id,
-                                         node_to_find.id)
+    def _may_count(self, address: Address, name: str) -> bool:
+        """Whether to send ``name`` (one of ``_COUNTED``) to ``address``: not while it is
+        remembered as ignoring it."""
+        ignored = self._not_near[name]
+        until = ignored.get((address[0], address[1]))
+        if until is None:
+            return True
+        if until > time.monotonic():
+            return False
+        del ignored[(address[0], address[1])]
+        return True
+
+    async def call_find_value(self, node_to_ask: Node, node_to_find: Node,
+                              count: int | None = None) -> RpcResult:
+        """FIND_VALUE; with ``count``, FIND_VALUE_NEAR: a miss is answered with only the
+        ``count`` closest contacts (a value lives at the r closest nodes of its key, so a
+        walk needs no more, and answers of k = 20 contacts were most of its bytes). Stock
+        nodes are handled as for FIND_NEAR (:meth:`call_find_near`)."""
+        address = _address(node_to_ask)
+        if count is None or not self._may_count(address, "find_value_near"):
+            ok, data = await self.find_value(address, self.source_node.id, node_to_find.id)
+        else:
+            ok, data = await self.find_value_near(address, self.source_node.id,
+                                                  node_to_find.id, count)
+            if not ok and (address[0], address[1]) not in self._near["find_value_near"]:
+                return await self.call_find_value(node_to_ask, node_to_find)
         if ok:
             try:
                 parsed = parse_find_value(data)
@@ -628,6 +658,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         value = self.storage.get(key)
         if value is None:
             return self.rpc_find_node(sender, node_id, key)
+        self._sender(sender, node_id)
+        return {"value": value}
+
+    def rpc_find_value_near(self, sender: Address, node_id: bytes, key: bytes, count: int
+                            ) -> object:
+        value = self.storage.get(key)
+        if value is None:
+            return self.rpc_find_near(sender, node_id, key, count)
         self._sender(sender, node_id)
         return {"value": value}
 

@@ -39,12 +39,13 @@ async def find_record(
     stats: DhtStats,
 ) -> HeadsRecord | None:
     """Ask the ``ksize`` live nodes closest to the record's key (``alpha`` at a time,
-    learning closer nodes from their answers, as a Kademlia lookup does) and return the
+    learning closer nodes from their answers of ``ksize`` contacts, as a Kademlia lookup
+    does; callers pass the replication factor: a record is put at that many) and return the
     newest valid record any of them holds, or None. Unlike a block, a record can be
     stale at one holder and fresh at another, so the lookup does not stop at the first
     value. Invalid values are counted and their sender is not asked again."""
     key = heads_record_key(topic, publisher)
-    walk = ValueLookup(protocol, key, ksize=ksize, alpha=alpha)
+    walk = ValueLookup(protocol, key, ksize=ksize, alpha=alpha, count=ksize)
     best: HeadsRecord | None = None
     async with aclosing(walk.values()) as answers:
         async for node, value in answers:

@@ -36,6 +36,16 @@ class DhtStats:
     """Validation PINGs that went unanswered (a forged source, or a node gone)."""
     bad_values_fetched: int = 0
     """Values returned by peers during a lookup that failed verification (discarded)."""
+    block_puts: int = 0
+    """Blocks put (each stored at up to ``replication`` nodes)."""
+    record_puts: int = 0
+    """Heads records put."""
+    block_gets: int = 0
+    """Blocks looked up in the network (not found locally)."""
+    record_gets: int = 0
+    """Heads records looked up in the network."""
+    locates: int = 0
+    """Crawls for a peer's address (``locate``) that the k-buckets could not answer."""
     lookups: int = 0
     """Network node lookups actually run (the rest were answered by the neighbourhood cache)."""
     rpcs_skipped: int = 0

@@ -120,6 +120,7 @@ _SIGNATURES: Final[dict[str, tuple[Callable[[object], object], ...]]] = {
     "find_node": (_node_id, _node_id),
     "find_near": (_node_id, _node_id, _count),
     "find_value": (_node_id, _node_id),
+    "find_value_near": (_node_id, _node_id, _count),
     "store_batch": (_node_id, _batch_items),
 }
 

@@ -199,7 +199,8 @@ class _Agent(CommandWorker):
             srtt = None if estimate is None else round(estimate.srtt * 1000, 1)
             overlay[str(peer)] = [srtt, near]
         tracer.sample(transport.bytes_sent, transport.bytes_received, dht.bytes_sent,
-                      dht.bytes_received, dht.sent_by_rpc, overlay)
+                      dht.bytes_received, dht.sent_by_rpc, overlay,
+                      {**node.metrics, **dht.as_dict()})
 
     async def _sampler(self) -> None:
         ticks_per_sample = round(SAMPLE_EVERY / FLUSH_EVERY)

@@ -255,6 +255,37 @@ async def test_a_stock_node_that_ignores_find_near_is_asked_find_node(
     assert protocol.stats.sent_by_rpc.get("find_node", 0) > 0
 
 
+async def test_value_lookups_ask_for_only_the_replicas_they_need(network: Network) -> None:
+    """A value lives at the r closest nodes, so a get's misses are answered with r
+    contacts (FIND_VALUE_NEAR), not k; a hit still carries the value, and a stock node
+    that ignores the RPC is asked plain FIND_VALUE."""
+    config = dataclasses.replace(FAST, replicas=3)
+    nodes = await network.grow(12, config=config)
+    data = block("narrow")
+    cid = await nodes[-1].put(data)
+    reader = next(n for n in nodes if n.records.get(dht_key(cid)) is None)
+    assert await reader.get(cid) == data
+    protocol = reader._protocol
+    peer = next(iter(protocol.router.contacts()))
+    ok, contacts = await protocol.call_find_value(peer, Node(os.urandom(20)), 3)
+    assert ok and isinstance(contacts, list) and 1 <= len(contacts) <= 3
+    ok, contacts = await protocol.call_find_value(peer, Node(os.urandom(20)))
+    assert ok and isinstance(contacts, list) and len(contacts) > 3
+    holder = next(n for n in nodes if n.records.get(dht_key(cid)) is not None and n is not reader)
+    ok, found = await protocol.call_find_value(
+        Node(holder.node_id, *holder.address), Node(dht_key(cid)), 3)
+    assert ok and found == {"value": data}
+    assert protocol.stats.sent_by_rpc.get("find_value_near", 0) > 0
+
+    stock = await network.add_stock(bootstrap=[reader.address])
+    contact = Node(stock.node.id, "127.0.0.1", stock_address(stock)[1])
+    ok, contacts = await protocol.call_find_value(contact, Node(os.urandom(20)), 3)
+    assert ok and contacts is not None  # one FIND_VALUE_NEAR timed out, then FIND_VALUE
+    near = protocol.stats.sent_by_rpc.get("find_value_near", 0)
+    ok, _ = await protocol.call_find_value(contact, Node(os.urandom(20)), 3)
+    assert ok and protocol.stats.sent_by_rpc.get("find_value_near", 0) == near
+
+
 async def test_a_node_not_in_our_buckets_is_located_by_a_crawl(network: Network) -> None:
     nodes = [await network.add() for _ in range(6)]
     asker, target = nodes[1], nodes[5]
