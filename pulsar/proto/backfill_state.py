@@ -206,13 +206,16 @@ class TopicState:
     quiet: int = 0
     """Heads ticks since the heads last changed (the topic is active until the refresh)."""
     ticks: int = 0
+    """Heads ticks on which the heads had changed: every ``_FULL_EVERY`` th goes to every
+    neighbour."""
     restored: bool = False
     """Opened with what a durable store remembered (a restart): an event arriving may
     have been delivered before, so the durable log is asked before delivering it."""
     digested: dict[PeerId, frozenset[CID]] = field(default_factory=dict)
     """Neighbours sent a digest of these heads: their HEADS answer is compared with them."""
-    """Heads ticks on which the heads had changed: every ``_FULL_EVERY`` th goes to every
-    neighbour."""
+    deferred: set[PeerId] = field(default_factory=set)
+    """Neighbours whose last digest differed while our heads were moving, and was not
+    answered: their next one is, whatever our heads do."""
     last_heads: frozenset[CID] = frozenset()
 
 

@@ -841,6 +841,8 @@ def test_a_digest_that_differs_brings_the_lists_both_ways() -> None:
     for core in (mine, theirs):
         core.accepted(TID, e0, 1, PEER, 0.0)
         core.accepted(TID, e1, 1, PEER, 0.0)
+    theirs.tick(TID, [PEER2], 0.5)
+    theirs.tick(TID, [PEER2], 1.0)  # their heads have been still for a tick
     same = HeadsDigest(TID, heads_digest([e1.cid]))
     assert theirs.on_digest(PEER2, same, 1.0) == []
     assert theirs.metrics["digests_matched"] == 1
@@ -857,6 +859,27 @@ def test_a_digest_that_differs_brings_the_lists_both_ways() -> None:
     assert any(isinstance(o, ev.SetTimer) or isinstance(getattr(o, "message", None), Want)
                for o in wants)
     assert theirs.metrics["heads_unknown"] == 1  # they now fetch e2
+
+
+def test_a_differing_digest_while_our_heads_move_is_answered_only_the_second_time() -> None:
+    """Heads that changed on our last tick (or since) explain a differing digest best by
+    an event still in flight, and our own tick names them: the first such digest from a
+    neighbour is let go, its next one is answered whatever our heads do."""
+    e0, e1 = _chain(2)
+    theirs = _core(neighbours=lambda topic: [PEER2])
+    theirs.accepted(TID, e0, 1, PEER, 0.0)
+    theirs.accepted(TID, e1, 1, PEER, 0.0)
+    stale = HeadsDigest(TID, heads_digest([e0.cid]))
+    assert theirs.on_digest(PEER2, stale, 0.5) == []  # moved since the last tick
+    assert theirs.metrics["digests_deferred"] == 1
+    (answer,) = theirs.on_digest(PEER2, stale, 0.6)
+    assert isinstance(answer, ev.Send) and answer.message == Heads(TID, (e1.cid,))
+    theirs.tick(TID, [PEER2], 1.0)  # the change is ticked: quiet == 0, still moving
+    assert theirs.on_digest(PEER2, stale, 1.5) == []
+    theirs.tick(TID, [PEER2], 2.0)  # a quiet tick: a differing digest is answered at once
+    (answer,) = theirs.on_digest(PEER2, stale, 2.5)
+    assert answer.message == Heads(TID, (e1.cid,))
+    assert theirs.metrics["digests_deferred"] == 2
 
 
 def _quiet_refresh(core: Backfill, peer: PeerId) -> list[ev.Send]:
