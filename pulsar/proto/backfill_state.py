@@ -71,7 +71,12 @@ class BackfillConfig:
     must not make every answer arrive after the DHT was asked, as a duplicate)."""
     want_rtts: float = 2.0
     gap_timeout: float = 5.0
-    """The longest a gap holds delivery back before it is reported and skipped."""
+    """How long a gap holds delivery back before it is reported and skipped, at least:
+    with the RTO of the peer that opened it measured, ``gap_rtts`` x that RTO if longer
+    (at most ``max_gap_timeout``). Its repair — the reorder wait (up to one RTO), a WANT
+    (``want_rtts`` RTOs), then the DHT — takes about that long on that path."""
+    gap_rtts: float = 4.0
+    max_gap_timeout: float = 30.0
     heads_interval: float = 2.0
     heads_first_delay: float = 0.1
     """When an idle topic's heads change, the tick comes this soon (its neighbours learn of
@@ -143,6 +148,8 @@ class BackfillConfig:
         if self.heads_refresh < 1 or self.fetch_retries < 0 or self.lost_retries < 0:
             raise ValueError(
                 "heads_refresh must be >= 1, fetch_retries and lost_retries >= 0")
+        if self.gap_rtts < 0:
+            raise ValueError("gap_rtts must be >= 0")
         for name in ("want_timeout", "gap_timeout", "heads_interval", "fetch_retry_delay"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
@@ -169,6 +176,8 @@ class Gap:
     stalled: bool = False
     closed: bool = False
     timer_seq: int = 0
+    patience: float = 5.0
+    """How long it holds delivery back: the gap timeout, or longer on a slow path."""
 
 
 @dataclass(slots=True)

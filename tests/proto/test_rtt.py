@@ -292,7 +292,7 @@ def test_a_gap_opened_down_the_tree_waits_the_senders_rto_and_wants_follow_it() 
     # gap timeout) instead of going out at once.
     out = core.accepted(TID, e2, 1, PEER, 1.0)
     assert out == [
-        ev.SetTimer(5.0, GapTimeout(TID, 0, 1)),
+        ev.SetTimer(4 * rto, GapTimeout(TID, 0, 1)),  # its repair takes ~4 RTOs of the path
         ev.SetTimer(2.5, RetryFetch(TID, 0)),
     ]
     # The parent arrives in time: delivered in order, and nothing was asked.
@@ -309,6 +309,31 @@ def test_a_gap_opened_down_the_tree_waits_the_senders_rto_and_wants_follow_it() 
     want = [o for o in out if isinstance(o, ev.Send)]
     assert len(want) == 1 and isinstance(want[0].message, Want)
     assert ev.SetTimer(2 * rto, WantTimeout(TID, retry.gap, PEER, want[0].message.head)) in out
+
+
+def test_a_gap_holds_delivery_back_for_its_paths_repair_time() -> None:
+    """The gap timeout is ``gap_timeout`` on a fast or unmeasured path and ``gap_rtts``
+    RTOs of the path that opened the gap on a slow one, at most ``max_gap_timeout``: the
+    reorder wait, the WANT and the DHT fetch of its repair all follow that RTO."""
+    fast, slow, far = PEER, _peer(1), _peer(2)
+    table = RttTable()
+    table.sample(fast, 0.01, 0.0)
+    table.sample(slow, 1.0, 0.0)  # RTO 3 s
+    table.sample(far, 20.0, 0.0)  # RTO 30 s (the estimator's cap)
+
+    def gap_timeout(peer: PeerId | None) -> float:
+        e0, e1, e2 = _chain(3)
+        core = _core(rtt=table)
+        core.accepted(TID, e0, 1, PEER, 0.0)
+        out = core.accepted(TID, e2, 1, peer, 1.0)
+        [timer] = [o for o in out if isinstance(o, ev.SetTimer)
+                   and isinstance(o.timer, GapTimeout)]
+        return timer.delay
+
+    assert gap_timeout(fast) == 5.0
+    assert gap_timeout(None) == 5.0
+    assert gap_timeout(slow) == pytest.approx(4 * table.rto(slow)) == pytest.approx(12.0)
+    assert gap_timeout(far) == 30.0
 
 
 def test_heads_wait_one_rto_for_the_tree_but_joined_history_is_asked_at_once() -> None:
