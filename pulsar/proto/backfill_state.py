@@ -174,6 +174,8 @@ class Gap:
     failures: int = 0
     retry_armed: bool = False
     stalled: bool = False
+    parked: bool = False
+    """Its WANT waits for the one in flight to the same peer for the same topic."""
     closed: bool = False
     timer_seq: int = 0
     patience: float = 5.0

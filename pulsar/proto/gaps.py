@@ -74,6 +74,7 @@ class GapFetching(BackfillParts):
             self._pump(state, gap, now, out)
         for other in touched:
             self._pump(state, other, now, out)
+        self._unpark(state, peer, now, out)
         return out
 
     def on_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
@@ -121,6 +122,9 @@ class GapFetching(BackfillParts):
                 continue
             if gap.peer == peer:
                 gap.peer = None
+                if gap.parked:
+                    gap.parked = False
+                    self._pump(self._topics[gap.topic], gap, now, out)
             if gap.asked is not None and gap.asked_peer == peer:
                 state = self._topics[gap.topic]
                 state.wants.pop((peer, gap.asked), None)
@@ -190,6 +194,15 @@ class GapFetching(BackfillParts):
                     self._add(state, event, REPAIR_HOP, None, now, out, fetched=True,
                               local=True)
                     continue
+            if gap.peer is not None and any(p == gap.peer for p, _ in state.wants):
+                # One WANT in flight per neighbour and topic: the chains a restarted
+                # node misses share most of their ancestors, and one WANT per head
+                # brought those ancestors once per head (3,483 of the churn scenario's
+                # 4,686 answered blocks were duplicates). Asked when that one is done,
+                # this gap's frontier has often been answered already.
+                gap.parked = True
+                return
+            gap.parked = False
             gap.asked = cid
             gap.asked_peer = gap.peer
             if gap.peer is None:
@@ -199,6 +212,15 @@ class GapFetching(BackfillParts):
                 return
             self._want(state, gap, gap.peer, cid, out)
             return
+
+    def _unpark(self, state: TopicState, peer: PeerId, now: float, out: Out) -> None:
+        """A WANT to ``peer`` is over: the oldest gap waiting to ask it goes next."""
+        for gap in list(state.frontier.values()):
+            if gap.parked and gap.peer == peer and not gap.closed:
+                gap.parked = False
+                self._pump(state, gap, now, out)
+                if gap.asked is not None:
+                    return
 
     def _want(self, state: TopicState, gap: Gap, peer: PeerId, cid: CID, out: Out) -> None:
         state.wants[(peer, cid)] = gap
@@ -236,6 +258,8 @@ class GapFetching(BackfillParts):
         """``gap``'s chain now hangs under ``into``: close it, and let ``into`` time out no
         later than ``gap`` would have, so merging never extends how long events wait."""
         self._close(gap)
+        if gap.asked_peer is not None:
+            self._unpark(state, gap.asked_peer, now, out)
         if into is not None and gap.since < into.since:
             into.since = gap.since
             self._arm(into, max(0.0, into.since + into.patience - now), out)
@@ -252,6 +276,10 @@ class GapFetching(BackfillParts):
         state = self._topics.get(gap.topic)
         if state is not None and state.frontier.get(gap.frontier) is gap:
             del state.frontier[gap.frontier]
+        if state is not None and gap.asked is not None and gap.asked_peer is not None:
+            key = (gap.asked_peer, gap.asked)
+            if state.wants.get(key) is gap:
+                del state.wants[key]  # its answer still counts if it comes (as a late one)
 
     def _release(self, state: TopicState, gap: Gap, out: Out) -> int:
         """Deliver what waits on ``gap`` as if its frontier had been delivered (it is not:
@@ -272,6 +300,8 @@ class GapFetching(BackfillParts):
         released = self._release(state, gap, out)
         self._report(gap, released, reason, out)
         self._close(gap)
+        if gap.asked_peer is not None:
+            self._unpark(state, gap.asked_peer, now, out)
         until = now + self.config.retry_heads_after
         bounded_put(state.failed, gap.frontier, until, self.config.memo_limit)
         if reason == "invalid":
@@ -333,7 +363,7 @@ class GapFetching(BackfillParts):
         if gap is None or timer.seq != gap.timer_seq:
             return []  # closed, or superseded by a timer for a moved deadline
         out: Out = []
-        if gap.asked is None and not gap.retry_armed:
+        if gap.asked is None and not gap.retry_armed and not gap.parked:
             self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
             return out
         state = self._topics[gap.topic]
@@ -359,4 +389,5 @@ class GapFetching(BackfillParts):
             gap.asked = None
             gap.peer = None
             self._pump(state, gap, now, out)
+        self._unpark(state, timer.peer, now, out)
         return out

@@ -716,6 +716,28 @@ def test_max_pending_bounds_held_events_and_every_event_is_delivered_once() -> N
     assert released == me.delivered.index(chain[1]) - 1  # all before the final segment
 
 
+def test_heads_sharing_their_history_bring_each_missing_block_once() -> None:
+    """A restarted node told of several heads that share the history it missed asks one
+    neighbour one WANT at a time: the first answer brings the shared ancestors, so the
+    next WANT (whose ``have`` now names them) brings only its own head. One WANT per
+    head at once brought the shared part once per head."""
+    trunk = _chain(30)
+    tips = [_chain(1, parent=trunk[-1].cid, start=T0 + 40 + i, tag=f"tip{i}")[0]
+            for i in range(6)]
+    net = Net()
+    source = net.add(PEER)
+    source.has([*trunk, *tips])
+    me = net.add(PEER2)
+    net.call(me, me.bf.accepted, TID, trunk[0], 1, PEER, 0.0)
+    net.call(me, me.bf.on_heads, PEER, Heads(TID, tuple(t.cid for t in tips)), 1.0)
+    net.advance(30.0)
+    assert {e.cid for e in me.delivered} == {e.cid for e in [*trunk, *tips]}
+    answers = [m for _, _, m in net.sent if isinstance(m, Blocks)]
+    assert sum(len(m.blocks) for m in answers) == len(trunk) - 1 + len(tips)  # 35, not 180
+    assert len(answers) == len(tips)
+    assert not me.reports
+
+
 def test_max_gaps_evicts_the_oldest_gap() -> None:
     heads = [_chain(1, start=T0 + i, tag=f"h{i}")[0] for i in range(3)]
     core = _core(config=BackfillConfig(max_gaps=2))
@@ -726,6 +748,14 @@ def test_max_gaps_evicts_the_oldest_gap() -> None:
     # The evicted head is not asked for again until retry_heads_after has passed.
     assert core.on_heads(PEER, Heads(TID, (heads[0].cid,)), 1.0) == []
     out = core.on_heads(PEER, Heads(TID, (heads[0].cid,)), 31.0)
+    # Evicting heads[1]'s gap ended its WANT: heads[2]'s, parked behind it, goes now,
+    # and heads[0]'s waits for that one (one WANT in flight per neighbour and topic).
+    wants = [o.message.head for o in out if isinstance(o, ev.Send)]
+    assert wants == [heads[2].cid]
+    assert heads[0].cid in core.missing(TID)
+    timeout = next(o.timer for o in out if isinstance(o, ev.SetTimer)
+                   and isinstance(o.timer, WantTimeout))
+    out = core.on_timer(timeout, 33.0)
     assert ev.Send(PEER, Want(TID, heads[0].cid, 512, (), None)) in out
 
 
