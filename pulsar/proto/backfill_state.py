@@ -176,6 +176,8 @@ class Gap:
     stalled: bool = False
     parked: bool = False
     """Its WANT waits for the one in flight to the same peer for the same topic."""
+    asked_at: float = 0.0
+    """When its WANT in flight (if any) was sent."""
     closed: bool = False
     timer_seq: int = 0
     patience: float = 5.0
@@ -320,6 +322,9 @@ class BackfillParts(ABC):
 
     @abstractmethod
     def _close(self, gap: Gap) -> None: ...
+
+    @abstractmethod
+    def _end(self, state: TopicState, gap: Gap, now: float, out: Out) -> None: ...
 
     @abstractmethod
     def _pump(self, state: TopicState, gap: Gap, now: float, out: Out) -> None: ...

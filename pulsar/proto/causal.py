@@ -168,7 +168,7 @@ class CausalOrder(BackfillParts):
             # come, so a node that only learned this far still links its next event here.
             self._settle(state, event)
             if boundary is not None:
-                self._close(boundary)
+                self._end(state, boundary, now, out)
             children = state.waiting.pop(cid, None)
             if children:
                 self._deliver(state, self._unhold(state, children), out)
@@ -186,7 +186,7 @@ class CausalOrder(BackfillParts):
         gap = state.frontier.pop(cid, None)
         if ready:
             if gap is not None:
-                self._close(gap)
+                self._end(state, gap, now, out)
             self._deliver(state, [Held(event, hop)], out)
             return None
         assert parent is not None  # an event without a parent is always ready

@@ -26,6 +26,10 @@ from .timers import GapTimeout, RetryFetch, RetryLost, WantTimeout
 
 __all__ = ["GapFetching"]
 
+_PARK_SLACK = 0.001
+"""A parked gap whose wait would end within this asks now (its timer firing at the very
+end of the wait must not find a sliver of it left and park again)."""
+
 
 class GapFetching(BackfillParts):
     """The gap-fetching part of :class:`~pulsar.proto.backfill.Backfill`: local store, WANT,
@@ -194,13 +198,7 @@ class GapFetching(BackfillParts):
                     self._add(state, event, REPAIR_HOP, None, now, out, fetched=True,
                               local=True)
                     continue
-            if gap.peer is not None and any(p == gap.peer for p, _ in state.wants):
-                # One WANT in flight per neighbour and topic: the chains a restarted
-                # node misses share most of their ancestors, and one WANT per head
-                # brought those ancestors once per head (3,483 of the churn scenario's
-                # 4,686 answered blocks were duplicates). Asked when that one is done,
-                # this gap's frontier has often been answered already.
-                gap.parked = True
+            if gap.peer is not None and self._park(state, gap, now, out):
                 return
             gap.parked = False
             gap.asked = cid
@@ -210,14 +208,38 @@ class GapFetching(BackfillParts):
                 self._counts["fetches"] += 1
                 out.append(ev.Fetch(cid))
                 return
+            gap.asked_at = now
             self._want(state, gap, gap.peer, cid, out)
             return
+
+    def _park(self, state: TopicState, gap: Gap, now: float, out: Out) -> bool:
+        """Whether ``gap`` waits for a WANT already in flight to its peer for this topic.
+
+        The chains a restarted node misses share most of their ancestors, and one WANT per
+        head brought those ancestors once per head (3,483 of the churn scenario's 4,686
+        answered blocks were duplicates); asked once that answer is in, a gap's frontier
+        has often arrived already. It waits at most the peer's RTO after that WANT left
+        (``want_timeout`` / 4 unmeasured): a WANT lost on the way must not hold up the
+        others until its own timeout (the simulator's loss runs then released gaps by
+        timeout that had been repaired in time)."""
+        rto = self.rtt.worst_rto({gap.peer}) if gap.peer is not None else None
+        limit = rto if rto is not None else self.config.want_timeout / 4
+        sent = [other.asked_at for (peer, _), other in state.wants.items()
+                if peer == gap.peer and other is not gap]
+        wait = min((at + limit - now for at in sent), default=0.0)
+        if wait <= _PARK_SLACK:
+            return False  # nothing in flight, or overdue: ask now
+        gap.parked = True
+        gap.retry_armed = True
+        out.append(ev.SetTimer(wait, RetryFetch(gap.topic, gap.id)))
+        return True
 
     def _unpark(self, state: TopicState, peer: PeerId, now: float, out: Out) -> None:
         """A WANT to ``peer`` is over: the oldest gap waiting to ask it goes next."""
         for gap in list(state.frontier.values()):
             if gap.parked and gap.peer == peer and not gap.closed:
                 gap.parked = False
+                gap.retry_armed = False  # its wait timer, when it fires, finds it asked
                 self._pump(state, gap, now, out)
                 if gap.asked is not None:
                     return
@@ -267,6 +289,14 @@ class GapFetching(BackfillParts):
     def _arm(self, gap: Gap, delay: float, out: Out) -> None:
         gap.timer_seq += 1
         out.append(ev.SetTimer(delay, GapTimeout(gap.topic, gap.id, gap.timer_seq)))
+
+    def _end(self, state: TopicState, gap: Gap, now: float, out: Out) -> None:
+        """``gap`` is over (its chain connected): close it, and if it had a WANT in flight
+        the next gap waiting to ask that peer goes."""
+        asked = gap.asked_peer if gap.asked is not None else None
+        self._close(gap)
+        if asked is not None:
+            self._unpark(state, asked, now, out)
 
     def _close(self, gap: Gap) -> None:
         if gap.closed:
@@ -363,10 +393,12 @@ class GapFetching(BackfillParts):
         if gap is None or timer.seq != gap.timer_seq:
             return []  # closed, or superseded by a timer for a moved deadline
         out: Out = []
+        state = self._topics[gap.topic]
+        if gap.parked:
+            self._pump(state, gap, now, out)  # asks now unless a WANT to its peer is out
         if gap.asked is None and not gap.retry_armed and not gap.parked:
             self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
             return out
-        state = self._topics[gap.topic]
         released = self._release(state, gap, out)
         if released:
             self._report(gap, released, "timeout", out)

@@ -131,7 +131,8 @@ class Plumtree:
         self._dispatch_armed = False
         self._shuffle_armed = False
         self.metrics: dict[str, int] = {
-            "ihave_sent": 0, "grafts": 0, "prunes": 0, "repaired": 0, "optimised": 0,
+            "ihave_sent": 0, "ihave_suppressed": 0, "grafts": 0, "prunes": 0, "repaired": 0,
+            "optimised": 0,
         }
 
     # ------------------------------------------------------------------ membership
@@ -267,8 +268,9 @@ class Plumtree:
                 state.via.pop(cid, None)
                 out += self._swap(topic, state, sender, best[0])
         queued = False
+        told = {a[0] for a in announcers} if announcers else ()
         for peer in state.lazy:
-            if peer != sender:
+            if peer != sender and peer not in told:  # those that announced it have it
                 self._queue.setdefault(peer, {}).setdefault(topic, []).append((cid, hop))
                 queued = True
         if queued and not self._dispatch_armed:
@@ -295,8 +297,11 @@ class Plumtree:
             return [ev.Send(peer, Prune(msg.topic))]  # not (or no longer) a member
         state.passive[peer] = now
         out: Out = []
+        queued = self._queue.get(peer, {}).get(msg.topic)
         for cid, hop in msg.entries:
             if known(cid):
+                if queued:
+                    self._unqueue(queued, cid)
                 out += self._optimise(msg.topic, state, peer, cid, hop)
                 continue
             announcers = state.missing.get(cid)
@@ -309,6 +314,16 @@ class Plumtree:
             if all(a[0] != peer for a in announcers):
                 announcers.append((peer, hop))
         return out
+
+    def _unqueue(self, queued: list[tuple[CID, int]], cid: CID) -> None:
+        """The peer announced ``cid`` to us before our IHAVE of it left: it has it, so
+        ours is dropped (two members that got an event within ``dispatch_delay`` of each
+        other used to announce it to each other both ways)."""
+        for i, (queued_cid, _) in enumerate(queued):
+            if queued_cid == cid:
+                del queued[i]
+                self.metrics["ihave_suppressed"] += 1
+                return
 
     def _optimise(self, topic: CID, state: _Topic, peer: PeerId, cid: CID, hop: int) -> Out:
         """Plumtree's tree optimisation for an event we have: if it came over a grafted

@@ -44,6 +44,7 @@ from pulsar.proto.repair_messages import (
     Blocks,
     Heads,
     HeadsDigest,
+    Joined,
     Want,
     heads_digest,
 )
@@ -736,6 +737,42 @@ def test_heads_sharing_their_history_bring_each_missing_block_once() -> None:
     assert sum(len(m.blocks) for m in answers) == len(trunk) - 1 + len(tips)  # 35, not 180
     assert len(answers) == len(tips)
     assert not me.reports
+
+
+def test_a_gap_parked_behind_a_want_asks_when_that_gap_connects_another_way() -> None:
+    """Two heads from one neighbour: the second gap's WANT waits for the first's. When
+    the first gap's missing event then comes down the tree (its WANT is moot), the
+    second WANT goes at once — found by the simulator: the parked gap waited for an
+    answer that was never going to end its wait, and its event was never fetched."""
+    e0, e1, e2 = _chain(3)
+    (other,) = _chain(1, parent=e0.cid, start=T0 + 9, tag="fork")
+    (tip,) = _chain(1, parent=other.cid, start=T0 + 10, tag="tip")
+    core = _core()
+    core.accepted(TID, e0, 1, PEER, 0.0)
+    out = core.on_heads(PEER, Joined(TID, (e2.cid, tip.cid)), 0.0)
+    assert [o.message.head for o in out if isinstance(o, ev.Send)] == [e2.cid]
+    # e2 comes down the tree; its gap's frontier moves to e1, also delivered that way.
+    core.accepted(TID, e2, 1, PEER2, 0.5)
+    out = core.accepted(TID, e1, 1, PEER2, 0.6)
+    assert [o.event for o in out if isinstance(o, ev.Deliver)] == [e1, e2]
+    assert [o.message.head for o in out if isinstance(o, ev.Send)] == [tip.cid]
+
+
+def test_a_parked_gap_waits_at_most_one_rto_for_the_want_before_it() -> None:
+    """A WANT lost on the way must not hold the gaps parked behind it until its own
+    timeout: a parked gap asks once the WANT before it is older than the peer's RTO
+    (``want_timeout`` / 4 while unmeasured)."""
+    e0, e1 = _chain(2)
+    (tip,) = _chain(1, parent=e0.cid, start=T0 + 9, tag="fork")
+    (other,) = _chain(1, parent=tip.cid, start=T0 + 10, tag="tip")
+    core = _core()
+    core.accepted(TID, e0, 1, PEER, 0.0)
+    out = core.on_heads(PEER, Joined(TID, (e1.cid, other.cid)), 0.0)
+    assert [o.message.head for o in out if isinstance(o, ev.Send)] == [e1.cid]
+    wait = [o for o in out if isinstance(o, ev.SetTimer) and isinstance(o.timer, RetryFetch)]
+    assert [o.delay for o in wait] == [0.5]
+    out = core.on_timer(wait[0].timer, 0.5)
+    assert [o.message.head for o in out if isinstance(o, ev.Send)] == [other.cid]
 
 
 def test_max_gaps_evicts_the_oldest_gap() -> None:

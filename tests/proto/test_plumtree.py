@@ -129,6 +129,24 @@ def test_known_events_in_an_ihave_are_ignored() -> None:
     assert layer.on_ihave(PEERS[2], IHave(TOPIC, ((have, 1),)), lambda c: True, 0.0) == []
 
 
+def test_no_ihave_goes_to_a_lazy_link_known_to_have_the_event() -> None:
+    """A lazy link that announced an event before it reached us, or while our IHAVE of
+    it still waited for the dispatch, has it: it is not told."""
+    layer = _layer(lazy_peers=3)
+    layer.learn(TOPIC, PEERS[1:4], now=0.0)
+    early, late = cid_of(b"\x05"), cid_of(b"\x06")
+    # PEERS[1] announces ``early`` before the tree brings it: told by it, not to it.
+    layer.on_ihave(PEERS[1], IHave(TOPIC, ((early, 2),)), lambda c: False, 0.0)
+    layer.accepted(TOPIC, early, 1, PEERS[0], 0.01)
+    # ``late`` arrives first here; PEERS[2]'s IHAVE of it comes before our dispatch.
+    layer.accepted(TOPIC, late, 1, PEERS[0], 0.02)
+    layer.on_ihave(PEERS[2], IHave(TOPIC, ((late, 2),)), lambda c: True, 0.03)
+    sent = {(o.peer, e) for o in layer.on_timer(DispatchTimer(), lambda c: True, 0.07)
+            if isinstance(o, ev.Send) for e, _ in o.message.entries}
+    assert sent == {(PEERS[2], early), (PEERS[3], early), (PEERS[1], late), (PEERS[3], late)}
+    assert layer.metrics["ihave_suppressed"] == 1
+
+
 def test_graft_is_answered_with_the_event_and_duplicates_prune() -> None:
     block = b"\xa0"
     cid = cid_of(block)

@@ -322,7 +322,7 @@ def test_a_gap_holds_delivery_back_for_its_paths_repair_time() -> None:
     table.sample(far, 20.0, 0.0)  # RTO 30 s (the estimator's cap)
 
     def gap_timeout(peer: PeerId | None) -> float:
-        e0, e1, e2 = _chain(3)
+        e0, _, e2 = _chain(3)
         core = _core(rtt=table)
         core.accepted(TID, e0, 1, PEER, 0.0)
         out = core.accepted(TID, e2, 1, peer, 1.0)
