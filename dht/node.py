@@ -283,16 +283,17 @@ class DhtNode:
 
     # -- heads records (mutable, signed: see dht.records) ----------------------------------
 
-    async def put_record(self, record: HeadsRecord) -> int:
+    async def put_record(self, record: HeadsRecord, *, quorum: int | None = None) -> int:
         """Store ``record`` here and at the k closest nodes of its key; returns how many of
         them acknowledged (a holder of a newer record refuses it). Refused here too when
-        this node already holds a newer one."""
+        this node already holds a newer one. With ``quorum``, returns once that many
+        acknowledged, as :meth:`put_many` does; the other stores go on behind."""
         self._check_running()
         if not self._storage.offer(record.key, record.block):
             return 0
         self._protocol.note_local_bytes(len(record.block))
         self.stats.record_puts += 1
-        replicated = await self._replicator.replicate(record.key, record.block)
+        replicated = await self._replicator.replicate(record.key, record.block, quorum)
         return replicated.acks
 
     async def get_record(self, topic: CID, publisher: PeerId, *,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dag import Identity, TopicDescriptor
 from dag.records import HeadsRecord
 from dht.keys import record_replaces
+from tests.waiting import eventually
 
 from .conftest import Network
 
@@ -38,6 +39,17 @@ async def test_the_newest_record_is_found_by_a_node_that_never_held_it(network: 
     assert await nodes[2].put_record(_record(1)) == 0
     assert (await reader.get_record(TOPIC.cid, AUTHOR.peer_id)).seq == 2  # type: ignore[union-attr]
     assert await reader.get_record(TOPIC.cid, Identity.from_seed(b"x" * 32).peer_id) is None
+
+
+async def test_a_record_put_with_a_quorum_returns_at_it_and_reaches_every_replica(
+        network: Network) -> None:
+    nodes = await network.grow(8)
+    writer = nodes[1]
+    acks = await writer.put_record(_record(1), quorum=1)
+    assert acks == 1  # returned at the first acknowledgement
+    key = _record(1).key
+    await eventually(lambda: writer.stats.background_acks == 6)  # 7 others, 1 counted
+    assert sum(n.records.get(key) is not None for n in nodes) == 8  # every replica has it
 
 
 async def test_a_holder_serving_junk_does_not_win(network: Network) -> None:
