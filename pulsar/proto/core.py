@@ -606,6 +606,7 @@ class PulsarCore(Publishing, VersionAdoption):
         if tree is None:
             return []
         tree.children.discard(peer)
+        self.lazy.demote(msg.topic, peer)
         if peer in tree.parents:
             # A parent that leaves is alive and may still be the way in: routing may pick it
             # again, and it then serves as a pure relay (as in Scribe). Only peers that fail
@@ -656,8 +657,9 @@ class PulsarCore(Publishing, VersionAdoption):
 
     def _stale_edge(self, tree: Tree, peer: PeerId | None, now: float) -> Out:
         """A duplicate pushed over an edge we do not hold: a parent we left whose LEAVE was
-        lost, or a child we forgot (a restart). LEAVE ends it on the other side (a child
-        then joins again), at most once per peer per ``stale_edge_quiet``."""
+        lost, a child we forgot (a restart), or a grafted link whose PRUNE was lost. LEAVE
+        ends it on the other side (a child then joins again; a grafted link turns lazy),
+        at most once per peer per ``stale_edge_quiet``."""
         if peer is None or peer in tree.parents or peer in tree.children:
             return []
         if peer in self.lazy.eager_extra(tree.topic.cid):

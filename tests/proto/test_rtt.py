@@ -207,6 +207,29 @@ def test_a_duplicate_over_an_edge_we_do_not_hold_is_answered_with_leave_once() -
     assert core.metrics["stale_edges"] == 2
 
 
+def test_a_leave_ends_a_grafted_link_whose_prune_was_lost() -> None:
+    """A node grafted us, then pruned the link, and the PRUNE was lost: we go on pushing
+    every event to it, and it answers the duplicates with a stale-edge LEAVE. That LEAVE
+    makes the grafted link lazy again, so the pushes stop."""
+    author = Identity.from_seed(b"\x01" * 32)
+    topic = _topic(author)
+    core = PulsarCore(author, StaticRouting([]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    member = _peer(22)
+    core.handle(ev.Received(member, Graft(topic.cid, None)), 0.5)
+
+    def pushed_to(now: float) -> set[PeerId]:
+        out = core.handle(ev.Publish(topic.cid, b"x%f" % now, None, int(now * 10)), now)
+        [store] = [o for o in out if isinstance(o, ev.StoreDht)]
+        out = core.handle(ev.DhtStored(store.cid, 3), now + 0.01)
+        return {o.peer for o in out if isinstance(o, ev.Send) and isinstance(o.message, Event)}
+
+    assert member in pushed_to(1.0)
+    core.handle(ev.Received(member, Leave(topic.cid)), 1.5)  # its answer to a duplicate
+    assert member not in pushed_to(2.0)
+    assert member in core.lazy.lazy(topic.cid)  # still a lazy link: it is in the topic
+
+
 # --------------------------------------------------------------------------- simulated
 
 
