@@ -557,6 +557,13 @@ class PulsarCore(Publishing, VersionAdoption):
     def _on_joined(self, peer: PeerId, msg: Joined, now: float) -> Out:
         tree = self._trees.get(msg.topic)
         out: Out = []
+        if tree is not None and peer not in tree.parents:
+            # It took us as a child, and we hold another parent: it answers a JOIN we gave
+            # up on (and routed around), or our LEAVE to it crossed its JOINED. End the
+            # edge on its side, or it pushes us every event as a duplicate while our new
+            # parent does too — and a child edge it held the other way round made a cycle
+            # that did so for the rest of the order scenario.
+            out.append(ev.Send(peer, Leave(msg.topic)))
         if tree is not None and peer in tree.parents:
             first = peer not in tree.confirmed
             tree.confirmed.add(peer)  # the parent took us as a child

@@ -207,6 +207,22 @@ def test_a_duplicate_over_an_edge_we_do_not_hold_is_answered_with_leave_once() -
     assert core.metrics["stale_edges"] == 2
 
 
+def test_a_joined_from_a_peer_that_is_not_our_parent_is_answered_with_leave() -> None:
+    """A JOINED from a peer we do not hold as our parent (the answer to a JOIN we gave up
+    on) is answered with LEAVE, so that peer does not keep us as a child and push us every
+    event beside our real parent; our parent's JOINED is taken as before."""
+    author = Identity.from_seed(b"\x01" * 32)
+    member = Identity.from_seed(b"\x02" * 32)
+    topic = _topic(author)
+    parent, former = author.peer_id, _peer(23)
+    core = PulsarCore(member, StaticRouting([parent]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    out = core.handle(ev.Received(former, Joined(topic.cid, (), (), None)), 1.0)
+    assert ev.Send(former, Leave(topic.cid)) in out
+    out = core.handle(ev.Received(parent, Joined(topic.cid, (), (), None)), 1.1)
+    assert not any(isinstance(o, ev.Send) and isinstance(o.message, Leave) for o in out)
+
+
 def test_a_leave_ends_a_grafted_link_whose_prune_was_lost() -> None:
     """A node grafted us, then pruned the link, and the PRUNE was lost: we go on pushing
     every event to it, and it answers the duplicates with a stale-edge LEAVE. That LEAVE
