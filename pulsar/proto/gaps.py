@@ -279,9 +279,7 @@ class GapFetching(BackfillParts):
     def _merge(self, state: TopicState, gap: Gap, into: Gap | None, now: float, out: Out) -> None:
         """``gap``'s chain now hangs under ``into``: close it, and let ``into`` time out no
         later than ``gap`` would have, so merging never extends how long events wait."""
-        self._close(gap)
-        if gap.asked_peer is not None:
-            self._unpark(state, gap.asked_peer, now, out)
+        self._end(state, gap, now, out)
         if into is not None and gap.since < into.since:
             into.since = gap.since
             self._arm(into, max(0.0, into.since + into.patience - now), out)
@@ -329,9 +327,7 @@ class GapFetching(BackfillParts):
         state = self._topics[gap.topic]
         released = self._release(state, gap, out)
         self._report(gap, released, reason, out)
-        self._close(gap)
-        if gap.asked_peer is not None:
-            self._unpark(state, gap.asked_peer, now, out)
+        self._end(state, gap, now, out)
         until = now + self.config.retry_heads_after
         bounded_put(state.failed, gap.frontier, until, self.config.memo_limit)
         if reason == "invalid":
@@ -394,9 +390,7 @@ class GapFetching(BackfillParts):
             return []  # closed, or superseded by a timer for a moved deadline
         out: Out = []
         state = self._topics[gap.topic]
-        if gap.parked:
-            self._pump(state, gap, now, out)  # asks now unless a WANT to its peer is out
-        if gap.asked is None and not gap.retry_armed and not gap.parked:
+        if gap.asked is None and not gap.retry_armed:  # (a parked gap's wait is armed)
             self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
             return out
         released = self._release(state, gap, out)
