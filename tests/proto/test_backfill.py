@@ -739,17 +739,26 @@ def test_heads_sharing_their_history_bring_each_missing_block_once() -> None:
     assert not me.reports
 
 
+def _two_heads_from_peer(
+    trunk_length: int,
+) -> tuple[Backfill, list[EventDescriptor], EventDescriptor, list[Any]]:
+    """A node holding the trunk's first event is told by PEER (JOINED) of two heads it
+    lacks: the trunk's last event and the tip of a two-event fork off the first."""
+    trunk = _chain(trunk_length)
+    (fork,) = _chain(1, parent=trunk[0].cid, start=T0 + 9, tag="fork")
+    (tip,) = _chain(1, parent=fork.cid, start=T0 + 10, tag="tip")
+    core = _core()
+    core.accepted(TID, trunk[0], 1, PEER, 0.0)
+    out = core.on_heads(PEER, Joined(TID, (trunk[-1].cid, tip.cid)), 0.0)
+    return core, trunk, tip, out
+
+
 def test_a_gap_parked_behind_a_want_asks_when_that_gap_connects_another_way() -> None:
     """Two heads from one neighbour: the second gap's WANT waits for the first's. When
     the first gap's missing event then comes down the tree (its WANT is moot), the
     second WANT goes at once — found by the simulator: the parked gap waited for an
     answer that was never going to end its wait, and its event was never fetched."""
-    e0, e1, e2 = _chain(3)
-    (other,) = _chain(1, parent=e0.cid, start=T0 + 9, tag="fork")
-    (tip,) = _chain(1, parent=other.cid, start=T0 + 10, tag="tip")
-    core = _core()
-    core.accepted(TID, e0, 1, PEER, 0.0)
-    out = core.on_heads(PEER, Joined(TID, (e2.cid, tip.cid)), 0.0)
+    core, (_, e1, e2), tip, out = _two_heads_from_peer(3)
     assert [o.message.head for o in out if isinstance(o, ev.Send)] == [e2.cid]
     # e2 comes down the tree; its gap's frontier moves to e1, also delivered that way.
     core.accepted(TID, e2, 1, PEER2, 0.5)
@@ -762,12 +771,7 @@ def test_a_parked_gap_waits_at_most_one_rto_for_the_want_before_it() -> None:
     """A WANT lost on the way must not hold the gaps parked behind it until its own
     timeout: a parked gap asks once the WANT before it is older than the peer's RTO
     (``want_timeout`` / 4 while unmeasured)."""
-    e0, e1 = _chain(2)
-    (tip,) = _chain(1, parent=e0.cid, start=T0 + 9, tag="fork")
-    (other,) = _chain(1, parent=tip.cid, start=T0 + 10, tag="tip")
-    core = _core()
-    core.accepted(TID, e0, 1, PEER, 0.0)
-    out = core.on_heads(PEER, Joined(TID, (e1.cid, other.cid)), 0.0)
+    core, (_, e1), other, out = _two_heads_from_peer(2)
     assert [o.message.head for o in out if isinstance(o, ev.Send)] == [e1.cid]
     wait = [o for o in out if isinstance(o, ev.SetTimer) and isinstance(o.timer, RetryFetch)]
     assert [o.delay for o in wait] == [0.5]
