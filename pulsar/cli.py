@@ -50,7 +50,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.name == "publish":
         from .bench.publish import bench_publish
 
-        _print_json(asyncio.run(bench_publish(nodes=args.nodes or 20, events=args.events or 200)))
+        figures = bench_publish(nodes=args.nodes or 20, events=args.events or 200,
+                                processes=args.processes, against=args.against)
+        _print_json(asyncio.run(figures))
         return 0
     if args.name == "topics":
         from .bench.topics import bench_topics
@@ -115,6 +117,12 @@ def _add_bench(sub: Any) -> None:
         "--history", type=int, default=None, help="events to backfill and replay (delivery)"
     )
     bench.add_argument("--seed", type=int, default=1, help="fault and crash seed (delivery)")
+    bench.add_argument("--processes", type=int, default=None,
+                       help="worker processes for the subscribers (publish; 0: all nodes in "
+                            "this process; default one per CPU)")
+    bench.add_argument("--against", default=None, metavar="REV",
+                       help="publish: also measure this git revision (before the write quorum: "
+                            "2015a5e) in the same run")
     bench.add_argument("--mbps", type=float, default=50.0,
                        help="uplink of every node, Mbit/s (large: 50)")
     bench.add_argument("--link-ms", type=float, default=100.0,
