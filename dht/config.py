@@ -29,6 +29,11 @@ class DhtConfig:
     """Lookup parallelism: queries in flight per lookup."""
     rpc_timeout: float = 5.0
     """Seconds to wait for one RPC's answer before counting the peer as unresponsive."""
+    stall_after: float = 1.0
+    """Seconds after which a lookup stops waiting for one query: the next closest node is
+    asked in its place and the lookup may end without it (its answer still counts if it
+    comes in time). A dead node others still list then costs a lookup this, not
+    ``rpc_timeout`` per round. Well above any round trip a DHT should see; 0 turns it off."""
     silent_for: float = 15.0
     """Seconds an address that let an RPC time out is treated as down: other RPCs to it
     (except PING, which can prove it back) fail at once instead of each waiting
@@ -112,8 +117,8 @@ class DhtConfig:
     def __post_init__(self) -> None:
         if self.ksize < 1 or self.alpha < 1 or self.put_concurrency < 1 or self.replicas < 1:
             raise ValueError("ksize, replicas, alpha and put_concurrency must be positive")
-        if self.silent_for < 0:
-            raise ValueError("silent_for must not be negative")
+        if self.silent_for < 0 or self.stall_after < 0:
+            raise ValueError("silent_for and stall_after must not be negative")
         if self.rpc_timeout <= 0 or self.get_timeout <= 0:
             raise ValueError("timeouts must be positive")
         if min(self.max_bytes, self.source_store_quota, self.peer_store_quota) < 0:

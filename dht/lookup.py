@@ -1,15 +1,27 @@
 """Network lookups: the k closest nodes to a key, and a value that provably belongs to a CID.
 
+Both are one walk (:class:`_Walk`): the ``ksize`` closest live nodes known are asked,
+``alpha`` at a time, and every answer may name closer ones. Unlike the package's crawls,
+which ask ``alpha`` nodes per round and wait for the slowest of them, the walk keeps
+``alpha`` queries in flight continuously, and a query unanswered after ``stall_after``
+(:attr:`dht.config.DhtConfig.stall_after`) stops holding the walk up: it no longer counts
+toward ``alpha``, the next closest node is asked in its place, and the walk may end without
+it (its answer still counts if it comes while the walk runs). So a dead node that others
+still list costs a lookup ``stall_after`` once, not ``rpc_timeout`` (5 s) per round: a
+fresh node bootstrapping through peers that still listed a node stopped a moment before
+took 5 s to start, and a placement lookup that met a dead node never asked FIND_NEAR
+waited for two timeouts.
+
 **Value lookup.** The package's ``ValueSpiderCrawl`` stops at the first round that returns
 any value and hands back the *most common* one, so one lying peer in that round decides what
 ``get`` returns (and the package then stores the lie at another node). :func:`find_value`
 checks every value against the CID as it arrives, ignores a bad one and the peer that sent
 it, and keeps asking other holders until one returns a block that verifies or no closer
-peer is left. It also keeps ``alpha`` queries in flight continuously instead of waiting for
-the slowest peer of each round, so one dead peer costs one timeout, not one per round.
+peer is left.
 
-**Node lookup** is the package's ``NodeSpiderCrawl``; :class:`NeighbourhoodCache` lets one
-lookup serve the stores of many keys, which is what makes pipelined puts cheap.
+**Node lookup** (:func:`find_closest`, and a node's bootstrap): the ``ksize`` closest nodes
+that answered. :class:`NeighbourhoodCache` lets one lookup serve the stores of many keys,
+which is what makes pipelined puts cheap.
 """
 
 from __future__ import annotations
@@ -17,11 +29,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from typing import Any
 
-from kademlia.crawling import NodeSpiderCrawl
 from kademlia.node import Node
 
 from dag.cid import CID
@@ -31,7 +42,7 @@ from .keys import KEY_SIZE
 from .protocol import PulsarProtocol
 from .stats import DhtStats
 
-__all__ = ["NeighbourhoodCache", "find_closest", "find_value"]
+__all__ = ["NeighbourhoodCache", "NodeLookup", "ValueLookup", "crawl", "find_closest", "find_value"]
 
 log = logging.getLogger(__name__)
 
@@ -112,27 +123,23 @@ async def find_closest(protocol: PulsarProtocol, key: bytes, *, ksize: int, alph
     if not seeds:
         return []
     stats.lookups += 1
-    spider = _NearCrawl(protocol, Node(key), seeds, ksize, alpha)
-    found: list[Node] = await spider.find()
-    nodes = _merge(key, [n for n in found if n.id != protocol.source_node.id], [], ksize)
+
+    def ask(peer: Node, target: Node) -> Awaitable[Any]:
+        # FIND_NEAR: only the ``ksize`` closest the peer knows; the walk keeps no more.
+        return protocol.call_find_near(peer, target, ksize)
+
+    nodes = await NodeLookup(protocol, key, ksize=ksize, alpha=alpha, seeds=seeds).run(ask)
     if cache is not None:
         cache.put(key, nodes)
     return nodes
 
 
-class _NearCrawl(NodeSpiderCrawl):  # type: ignore[misc]
-    """The package's node crawl, asking each peer for only the ``ksize`` closest it knows
-    (FIND_NEAR where the peer is ours): the crawl keeps no more than that anyway."""
-
-    async def find(self) -> list[Node]:
-        protocol: PulsarProtocol = self.protocol
-        ksize: int = self.ksize
-
-        async def ask(peer: Node, node: Node) -> Any:
-            return await protocol.call_find_near(peer, node, ksize)
-
-        found: list[Node] = await self._find(ask)
-        return found
+async def crawl(protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
+                seeds: Iterable[Node]) -> list[Node]:
+    """A FIND_NODE walk from ``seeds``: every answer names the peer's k closest contacts,
+    which is what a routing table is filled from (a bootstrap, a bucket refresh)."""
+    walk = NodeLookup(protocol, key, ksize=ksize, alpha=alpha, seeds=seeds)
+    return await walk.run(protocol.call_find_node)
 
 
 def _merge(key: bytes, first: list[Node], second: list[Node], k: int) -> list[Node]:
@@ -142,73 +149,160 @@ def _merge(key: bytes, first: list[Node], second: list[Node], k: int) -> list[No
     return sorted(unique.values(), key=lambda n: n.long_id ^ target)[:k]
 
 
-class ValueLookup:
-    """A FIND_VALUE walk toward ``key``, as Kademlia runs it: the ``ksize`` closest live
-    nodes are asked, ``alpha`` at a time, learning closer nodes from the answers without
-    the value; :meth:`values` yields each answer that carries one. What a value is worth
-    is the caller's to judge (a block must hash to its CID, a heads record must verify and
-    be the newest); :meth:`distrust` keeps a liar from being asked again. With ``count``,
-    each miss is answered with that many contacts (FIND_VALUE_NEAR), not the peer's k."""
+Query = Callable[[Node, Node], Awaitable[Any]]
+"""``(peer to ask, target) -> (ok, answer)``: one of the protocol's ``call_find_*``."""
+
+
+class _Walk:
+    """Asks the ``ksize`` closest live nodes known for ``key``, ``alpha`` at a time,
+    learning closer nodes from the answers (see the module docstring for stalls).
+    :meth:`answers` yields ``(node, answer)`` for every node that answered."""
 
     def __init__(self, protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
-                 count: int | None = None) -> None:
+                 seeds: Iterable[Node] | None = None) -> None:
         self._protocol = protocol
         self._key = key
         self._ksize = ksize
-        self._count = count
         self._alpha = alpha
+        self._stall_after = protocol.config.stall_after
         self._target = int.from_bytes(key, "big")
-        self._known: dict[bytes, Node] = {n.id: n for n in protocol.closest_nodes(key, ksize)}
+        if seeds is None:
+            seeds = protocol.closest_nodes(key, ksize)
+        me = protocol.source_node.id
+        self._known: dict[bytes, Node] = {n.id: n for n in seeds if n.id != me}
         self._asked: set[bytes] = set()
         self._dead: set[bytes] = set()
+        self._stalled: set[bytes] = set()
+        self._ever_stalled: set[bytes] = set()
         self.answered = 0
-        self.nearest_without: Node | None = None
-        """The closest node that answered without the value (where to cache it)."""
 
     def distrust(self, node: Node) -> None:
         self._dead.add(node.id)
 
     def _candidates(self) -> list[Node]:
-        live = sorted((n for i, n in self._known.items() if i not in self._dead),
+        """The closest ``ksize`` known nodes, leaving out the dead and the stalled (so the
+        next closest takes a stalled node's place), that were not asked yet."""
+        out = self._dead | self._stalled
+        live = sorted((n for i, n in self._known.items() if i not in out),
                       key=lambda n: n.long_id ^ self._target)[: self._ksize]
         return [n for n in live if n.id not in self._asked]
 
-    async def values(self) -> AsyncGenerator[tuple[Node, object], None]:
-        """``(node, value)`` for each answer carrying a value, until every one of the
-        ``ksize`` closest live nodes has been asked. Use with ``contextlib.aclosing`` so
-        queries still in flight are cancelled when the caller stops early."""
+    def learn(self, contacts: Iterable[tuple[bytes, str, int]]) -> None:
         me = self._protocol.source_node.id
+        for node_id, host, port in contacts:
+            if node_id != me and node_id not in self._known:
+                self._known[node_id] = Node(node_id, host, port)
+
+    async def answers(self, query: Query) -> AsyncGenerator[tuple[Node, Any], None]:
+        """Use with ``contextlib.aclosing`` so queries still in flight are cancelled when
+        the caller stops early.
+
+        A query is stalled once it has waited ``stall_after``, or three times the slowest
+        answer of this walk if that is longer (on a slow network every answer is slow, and
+        that is no sign of a dead node). The walk never ends before some node answered."""
         keynode = Node(self._key)
-        in_flight: dict[asyncio.Future[Any], Node] = {}
+        in_flight: dict[asyncio.Task[Any], tuple[Node, float]] = {}
+        loop = asyncio.get_running_loop()
+        slowest = 0.0
         try:
             while True:
-                for node in self._candidates()[: max(0, self._alpha - len(in_flight))]:
+                now = loop.time()
+                threshold = max(self._stall_after, 3 * slowest)
+                self._stalled.clear()
+                active = 0
+                wake: float | None = None
+                for node, started in in_flight.values():
+                    if self._stall_after > 0 and now - started >= threshold:
+                        self._stalled.add(node.id)
+                        self._ever_stalled.add(node.id)
+                        continue
+                    active += 1
+                    if self._stall_after > 0:
+                        due = started + threshold - now
+                        wake = due if wake is None else min(wake, due)
+                for node in self._candidates()[: max(0, self._alpha - active)]:
                     self._asked.add(node.id)
-                    query = self._protocol.call_find_value(node, keynode, self._count)
-                    in_flight[asyncio.ensure_future(query)] = node
-                if not in_flight:
-                    return
-                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    task = self._protocol.spawn(_awaited(query(node, keynode)))
+                    if task is None:  # the protocol is closing
+                        return
+                    in_flight[task] = (node, now)
+                    active += 1
+                    if self._stall_after > 0:
+                        wake = threshold if wake is None else min(wake, threshold)
+                if active == 0 and (self.answered or not in_flight):
+                    return  # nothing left to ask; only stalled queries, if any, are out
+                done, _ = await asyncio.wait(in_flight, timeout=wake,
+                                             return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
-                    node = in_flight.pop(future)
+                    node, started = in_flight.pop(future)
                     ok, data = future.result()
                     if not ok:
                         self._dead.add(node.id)
                         continue
+                    slowest = max(slowest, loop.time() - started)
                     self.answered += 1
-                    if isinstance(data, dict):
-                        yield node, data["value"]
-                        continue
-                    nearest = self.nearest_without
-                    target = self._target
-                    if nearest is None or node.long_id ^ target < nearest.long_id ^ target:
-                        self.nearest_without = node
-                    for node_id, host, port in data:
-                        if node_id != me and node_id not in self._known:
-                            self._known[node_id] = Node(node_id, host, port)
+                    yield node, data
         finally:
-            for future in in_flight:
-                future.cancel()
+            # A stalled query is left to finish: its silence (or late answer) is what
+            # takes a dead contact out of the routing table. The others are not needed.
+            for future, (node, _started) in in_flight.items():
+                if node.id not in self._stalled:
+                    future.cancel()
+
+    @property
+    def stalls(self) -> int:
+        """How many nodes' queries stalled during the walk."""
+        return len(self._ever_stalled)
+
+
+async def _awaited(query: Awaitable[Any]) -> Any:
+    return await query
+
+
+class NodeLookup(_Walk):
+    """The ``ksize`` nodes closest to the key among those that answered."""
+
+    async def run(self, query: Query) -> list[Node]:
+        found: dict[bytes, Node] = {}
+        async with aclosing(self.answers(query)) as answers:
+            async for node, contacts in answers:
+                found[node.id] = node
+                self.learn(contacts)
+        return sorted(found.values(), key=lambda n: n.long_id ^ self._target)[: self._ksize]
+
+
+class ValueLookup(_Walk):
+    """A FIND_VALUE walk toward ``key``, as Kademlia runs it, learning closer nodes from
+    the answers without the value; :meth:`values` yields each answer that carries one. What
+    a value is worth is the caller's to judge (a block must hash to its CID, a heads record
+    must verify and be the newest); :meth:`distrust` keeps a liar from being asked again.
+    With ``count``, each miss is answered with that many contacts (FIND_VALUE_NEAR), not
+    the peer's k."""
+
+    def __init__(self, protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
+                 count: int | None = None) -> None:
+        super().__init__(protocol, key, ksize=ksize, alpha=alpha)
+        self._count = count
+        self.nearest_without: Node | None = None
+        """The closest node that answered without the value (where to cache it)."""
+
+    async def values(self) -> AsyncGenerator[tuple[Node, object], None]:
+        """``(node, value)`` for each answer carrying a value, until every one of the
+        ``ksize`` closest live nodes has been asked. Use with ``contextlib.aclosing``."""
+        protocol, count, target = self._protocol, self._count, self._target
+
+        def ask(peer: Node, keynode: Node) -> Awaitable[Any]:
+            return protocol.call_find_value(peer, keynode, count)
+
+        async with aclosing(self.answers(ask)) as answers:
+            async for node, data in answers:
+                if isinstance(data, dict):
+                    yield node, data["value"]
+                    continue
+                nearest = self.nearest_without
+                if nearest is None or node.long_id ^ target < nearest.long_id ^ target:
+                    self.nearest_without = node
+                self.learn(data)
 
 
 async def find_value(protocol: PulsarProtocol, cid: CID, key: bytes, *, ksize: int,

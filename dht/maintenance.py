@@ -32,10 +32,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kademlia.crawling import NodeSpiderCrawl
 from kademlia.node import Node
 
 from .config import DhtConfig
+from .lookup import crawl
 from .protocol import PulsarProtocol
 from .replication import Replicator
 from .stats import DhtStats
@@ -135,8 +135,8 @@ class Maintainer:
             target = Node(random.randint(low, min(high, _MAX_ID)).to_bytes(20, "big"))
             seeds = self._protocol.closest_nodes(target.id, self._config.alpha)
             if seeds:
-                lookups.append(NodeSpiderCrawl(self._protocol, target, seeds,
-                                               self._config.ksize, self._config.alpha).find())
+                lookups.append(crawl(self._protocol, target.id, ksize=self._config.ksize,
+                                     alpha=self._config.alpha, seeds=seeds))
             bucket.touch_last_updated()
         await asyncio.gather(*lookups)
         return len(stale)

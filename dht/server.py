@@ -9,12 +9,14 @@ awaits the protocol's tasks).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from kademlia.network import Server
 from kademlia.node import Node
 
 from .config import DhtConfig
+from .lookup import crawl
 from .peers import PeerBook
 from .protocol import PulsarProtocol
 from .stats import DhtStats
@@ -48,6 +50,16 @@ class PulsarServer(Server):  # type: ignore[misc]  # kademlia is untyped
     def refresh_table(self, interval: int = 3600) -> None:
         """Replaced by :class:`dht.maintenance.Maintainer` (the package's version also
         republishes through ``set_digest``, which resets record ages)."""
+
+    async def bootstrap(self, addrs: list[tuple[str, int]]) -> list[Node]:
+        """Ping the seeds, then walk toward our own id from those that answered (the
+        package's crawl waits out every dead contact a seed names, round after round)."""
+        answered = await asyncio.gather(*(self.bootstrap_node(addr) for addr in addrs))
+        seeds = [node for node in answered if node is not None]
+        if not seeds:
+            return []
+        return await crawl(self.protocol, self.node.id, ksize=self.ksize, alpha=self.alpha,
+                           seeds=seeds)
 
     async def bootstrap_node(self, addr: tuple[str, int]) -> Node | None:
         ok, data = await self.protocol.ping(addr, self.node.id)

@@ -223,15 +223,17 @@ async def _stop_all(nodes: list[Node]) -> None:
     await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
 
 
-async def _settle(nodes: list[Node], topic: CID, timeout: float = 20.0) -> int:
-    """Wait until every subscriber has a parent that lists it as a child (proceed with a
-    warning after ``timeout``: repair then covers the rest). Returns how many tree edges
-    were still missing (0 when the tree settled)."""
+async def _settle(nodes: list[Node], topic: CID, timeout: float = 20.0,
+                  subscribers: list[Node] | None = None) -> int:
+    """Wait until every subscriber (default: every node but the first, the author) has a
+    parent that lists it as a child (proceed with a warning after ``timeout``: repair then
+    covers the rest). Returns how many tree edges were still missing (0 when the tree
+    settled)."""
     deadline = time.monotonic() + timeout
     by_peer = {n.peer_id: n for n in nodes}
     while True:
         missing = 0
-        for node in nodes[1:]:
+        for node in nodes[1:] if subscribers is None else subscribers:
             view = node.tree(topic)
             if view is None or not view.parents:
                 missing += 1
@@ -633,7 +635,8 @@ async def _soundness(root: Path, timeout: float, readers: int = 6,
             "soundness", allowed_publishers=[bob.peer_id, carol.peer_id])
         for reader in nodes[3:]:
             collectors.append(_Collector(await reader.subscribe(topic.cid)))
-        await _settle(nodes, topic.cid)
+        # The other publishers do not subscribe: only the readers have tree edges to wait for.
+        await _settle(nodes, topic.cid, subscribers=nodes[3:])
         allowed: list[CID] = []
         for i in range(rounds):
             for publisher in (author, bob, carol):

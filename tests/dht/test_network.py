@@ -139,7 +139,10 @@ async def test_a_stock_kademlia_server_bootstraps_off_us_and_reads_a_block(
 async def test_stores_to_a_stock_node_fall_back_from_batches(network: Network) -> None:
     first = await network.add()
     stock = await network.add_stock(bootstrap=[first.address])
-    publisher = await network.add()
+    # The first lookup asks the stock node FIND_NEAR, which it ignores, then FIND_NODE: two
+    # RPC timeouts. A lookup stops waiting for a query after stall_after, so here it must
+    # wait longer than that for the stock node to be found at all.
+    publisher = await network.add(config=dataclasses.replace(FAST, stall_after=3.0))
     await eventually(lambda: len(publisher.closest_known_peers(publisher.node_id)) == 2)
     results = await publisher.put_many([block(i) for i in range(10)])
     assert all(r.acks == 2 for r in results)  # our node and the stock one
