@@ -198,9 +198,12 @@ class _Agent(CommandWorker):
             estimate = core.rtt.get(peer)
             srtt = None if estimate is None else round(estimate.srtt * 1000, 1)
             overlay[str(peer)] = [srtt, near]
+        trees = {str(view.topic): [sorted(map(str, view.parents)),
+                                   sorted(map(str, view.children))]
+                 for view in node.trees()}
         tracer.sample(transport.bytes_sent, transport.bytes_received, dht.bytes_sent,
                       dht.bytes_received, dht.sent_by_rpc, overlay,
-                      {**node.metrics, **dht.as_dict()})
+                      {**node.metrics, **dht.as_dict()}, trees)
 
     async def _sampler(self) -> None:
         ticks_per_sample = round(SAMPLE_EVERY / FLUSH_EVERY)

@@ -43,7 +43,9 @@ by kind (absent fields are null):
                ``dht_sent_by_rpc`` (DHT datagram bytes sent so far by RPC: requests by
                name, answers as ``name+answer``, e.g. ``{"store": ..., "find_node+answer":
                ...}``), ``overlay`` (the membership layer's active neighbours:
-               ``{peer: [srtt_ms or null, near]}``, ``near`` true for a proximity slot).
+               ``{peer: [srtt_ms or null, near]}``, ``near`` true for a proximity slot),
+               ``counters`` (the node's protocol and DHT counters so far), ``trees`` (this
+               node's tree edges: ``{topic: [[parents], [children]]}``).
 =============  ================================================================================
 
 Copies of an event payload, for RMR, are the ``receive`` and ``duplicate`` records; every

@@ -116,14 +116,16 @@ class NodeTracer(Tracer):
     def sample(self, sent: int, received: int, dht_sent: int, dht_received: int,
                dht_by_rpc: dict[str, int] | None = None,
                overlay: dict[str, list[float | bool | None]] | None = None,
-               counters: dict[str, int] | None = None) -> None:
+               counters: dict[str, int] | None = None,
+               trees: dict[str, list[list[str]]] | None = None) -> None:
         cpu, rss = process_resources()
         self.writer.write("sample", cpu_s=round(cpu, 3), rss=rss, sent_bytes=sent,
                           recv_bytes=received, dht_sent_bytes=dht_sent,
                           dht_recv_bytes=dht_received, life=self.life,
                           sent_by_type=dict(self._sent_by_type),
                           dht_sent_by_rpc=dict(dht_by_rpc or {}),
-                          overlay=dict(overlay or {}), counters=dict(counters or {}))
+                          overlay=dict(overlay or {}), counters=dict(counters or {}),
+                          trees=dict(trees or {}))
 
     def _copy(self, cid: CID, peer: str | None, topic: CID | None, hop: int | None, size: int,
               via: str) -> None:
