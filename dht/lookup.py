@@ -214,7 +214,9 @@ class _Walk:
                 for node, started in in_flight.values():
                     if self._stall_after > 0 and now - started >= threshold:
                         self._stalled.add(node.id)
-                        self._ever_stalled.add(node.id)
+                        if node.id not in self._ever_stalled:
+                            self._ever_stalled.add(node.id)
+                            self._protocol.stats.lookup_stalls += 1
                         continue
                     active += 1
                     if self._stall_after > 0:

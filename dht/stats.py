@@ -48,6 +48,9 @@ class DhtStats:
     """Crawls for a peer's address (``locate``) that the k-buckets could not answer."""
     lookups: int = 0
     """Network node lookups actually run (the rest were answered by the neighbourhood cache)."""
+    lookup_stalls: int = 0
+    """Lookup queries that waited ``stall_after`` and were replaced by the next closest
+    node (``dht.lookup``): dead contacts others still list, or overloaded peers."""
     rpcs_skipped: int = 0
     """RPCs failed at once because their address recently let an RPC time out."""
     republished: int = 0

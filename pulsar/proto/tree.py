@@ -163,6 +163,14 @@ class TreeRouter:
             if until <= now:
                 del tree.avoid[avoided]
         peer = self.next_hop(author, set(tree.avoid) | tree.children)
+        if peer is None and author not in tree.avoid and author not in tree.children:
+            # Nobody we know is closer to the author than we are: ask the author itself
+            # (the runtime finds its address in the DHT). Waiting for it to appear in our
+            # k-buckets left an acting root, in the churn scenario, running half of a tree
+            # for the rest of the run after the author came back: nothing made the two
+            # meet. An author that is down fails the send and is avoided for
+            # ``avoid_for``; we act as root meanwhile and ask again after that.
+            peer = author
         if peer is None:
             tree.acting_root = True
             return [ev.SetTimer(self.config.root_check_interval, RootCheck(tree.topic.cid))]

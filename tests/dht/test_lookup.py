@@ -11,6 +11,7 @@ import pytest
 from kademlia.node import Node
 
 from dht import DhtConfig
+from dht.stats import DhtStats
 from dht.lookup import NodeLookup
 
 from .conftest import Network
@@ -29,10 +30,11 @@ class _Config:
 
 
 class _FakeProtocol:
-    """Just what a walk uses of the protocol: its config, its own id, spawn."""
+    """Just what a walk uses of the protocol: its config and stats, its own id, spawn."""
 
     def __init__(self, stall_after: float) -> None:
         self.config = _Config(stall_after)
+        self.stats = DhtStats()
         self.source_node = _node(10**6)
         self.tasks: list[asyncio.Task[Any]] = []
 
@@ -70,7 +72,7 @@ async def test_a_stalled_query_is_replaced_and_the_walk_ends_without_it() -> Non
     found = await asyncio.wait_for(walk.run(peers), 5.0)
     assert [int.from_bytes(n.id, "big") for n in found] == [2, 3]
     assert peers.asked == [1, 2, 3]  # 1 first (closest); 2 in its place; 3 learned from 2
-    assert walk.stalls == 1
+    assert walk.stalls == 1 and protocol.stats.lookup_stalls == 1
     assert loop.time() - started < 1.0
     # The silent query was left running (its timeout is what takes a dead contact out of
     # the routing table); the others finished.

@@ -90,16 +90,32 @@ def test_join_goes_to_the_closest_strictly_closer_peer() -> None:
     assert view is not None and view.parents == {ranked[0].peer_id} and not view.is_root
 
 
-def test_node_knowing_nobody_closer_acts_as_root() -> None:
+def test_node_knowing_nobody_closer_asks_the_author_then_acts_as_root() -> None:
     author = _ident(1)
     topic = _topic(author)
     others = [_ident(i) for i in range(2, 12)]
     closest = min(others, key=lambda i: _distance(i.peer_id, author.peer_id))
     farther = [i.peer_id for i in others if i is not closest]
     core = PulsarCore(closest, StaticRouting(farther))
-    out = _step(core, ev.Subscribe(topic), 0.0)
+    # Nobody known is closer to the author: the JOIN goes to the author itself (the runtime
+    # locates it), not straight to acting as root.
+    assert _step(core, ev.Subscribe(topic), 0.0) == _join(topic, author.peer_id)
+    # The author cannot be reached: act as root, and check again later.
+    out = _step(core, ev.SendFailed(author.peer_id), 0.5)
     assert len(out) == 1 and isinstance(out[0], ev.SetTimer)
+    check = out[0].timer
     assert core.tree(topic.cid).is_root  # type: ignore[union-attr]
+    # While the author is avoided, a root check keeps us root without asking it again ...
+    assert _step(core, ev.TimerFired(check), 5.5) == [ev.SetTimer(5.0, check)]
+    assert core.tree(topic.cid).is_root  # type: ignore[union-attr]
+    # ... after ``avoid_for``, the next one asks it again: an author that came back takes
+    # the half of the tree that ran without it.
+    out = _step(core, ev.TimerFired(check), 0.5 + CoreConfig().avoid_for + 0.1)
+    assert out == _join(topic, author.peer_id)
+    _step(core, ev.Received(author.peer_id, Joined(topic.cid, ())), 31.0)
+    view = core.tree(topic.cid)
+    assert view is not None and view.parents == {author.peer_id} and view.attached
+    assert not view.is_root
 
 
 def test_join_received_by_a_member_stops_there() -> None:

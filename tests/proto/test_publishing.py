@@ -119,6 +119,8 @@ def test_a_revoked_node_learns_it_before_publishing() -> None:
                                 allowed_publishers=[], now=1600.0)
     bob = PulsarCore(BOB, NoRouting(), lookup={meta.cid: meta.block, v2.cid: v2.block}.get)
     bob.handle(ev.Subscribe(v1, False), 2000.0)
+    # Knowing nobody, bob asks the author itself, who cannot be reached: bob acts as root.
+    bob.handle(ev.SendFailed(AUTHOR.peer_id), 2000.05)
     (fetch,) = bob.handle(ev.Publish(v1.cid, b"sneaky", None, 1), 2000.1)
     assert isinstance(fetch, ev.FetchRecords)
     record = HeadsRecord.create(AUTHOR, v1.cid, 1, v2.cid, (), now=1700.0)
