@@ -11,8 +11,8 @@ import pytest
 from kademlia.node import Node
 
 from dht import DhtConfig
-from dht.stats import DhtStats
 from dht.lookup import NodeLookup
+from dht.stats import DhtStats
 
 from .conftest import Network
 
