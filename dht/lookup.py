@@ -42,7 +42,16 @@ from .keys import KEY_SIZE
 from .protocol import PulsarProtocol
 from .stats import DhtStats
 
-__all__ = ["NeighbourhoodCache", "NodeLookup", "ValueLookup", "crawl", "find_closest", "find_value"]
+__all__ = [
+    "NeighbourhoodCache",
+    "NodeLookup",
+    "PlacementLookup",
+    "ValueLookup",
+    "crawl",
+    "find_closest",
+    "find_placement",
+    "find_value",
+]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +143,34 @@ async def find_closest(protocol: PulsarProtocol, key: bytes, *, ksize: int, alph
     return nodes
 
 
+async def find_placement(protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
+                         spares: int, stats: DhtStats, cache: NeighbourhoodCache | None = None
+                         ) -> list[Node]:
+    """Where to store ``key``: the ``ksize`` nodes closest to it as a
+    :class:`PlacementLookup` finds them, then up to ``spares`` replacements, nearest first
+    (never ourselves). Served from ``cache`` when a recent walk covered the key."""
+    if cache is not None:
+        cached = cache.get(key)
+        if cached is not None:
+            return _merge(key, cached, protocol.closest_nodes(key, ksize + spares),
+                          ksize + spares)
+    seeds = protocol.closest_nodes(key, ksize)
+    if not seeds:
+        return []
+    stats.lookups += 1
+
+    def ask(peer: Node, target: Node) -> Awaitable[Any]:
+        # FIND_NEAR: only the ``ksize`` closest the peer knows; the walk keeps no more.
+        return protocol.call_find_near(peer, target, ksize)
+
+    walk = PlacementLookup(protocol, key, ksize=ksize, alpha=alpha, confirm=alpha,
+                           spares=spares, seeds=seeds)
+    nodes = await walk.run(ask)
+    if cache is not None:
+        cache.put(key, nodes[:ksize])
+    return nodes
+
+
 async def crawl(protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
                 seeds: Iterable[Node]) -> list[Node]:
     """A FIND_NODE walk from ``seeds``: every answer names the peer's k closest contacts,
@@ -174,6 +211,7 @@ class _Walk:
         self._dead: set[bytes] = set()
         self._stalled: set[bytes] = set()
         self._ever_stalled: set[bytes] = set()
+        self._answered: set[bytes] = set()
         self.answered = 0
 
     def distrust(self, node: Node) -> None:
@@ -186,6 +224,11 @@ class _Walk:
         live = sorted((n for i, n in self._known.items() if i not in out),
                       key=lambda n: n.long_id ^ self._target)[: self._ksize]
         return [n for n in live if n.id not in self._asked]
+
+    def _enough(self) -> bool:
+        """Whether the walk may end before every one of the closest ``ksize`` answered
+        (never, for a full Kademlia walk)."""
+        return False
 
     def learn(self, contacts: Iterable[tuple[bytes, str, int]]) -> None:
         me = self._protocol.source_node.id
@@ -207,6 +250,8 @@ class _Walk:
         try:
             while True:
                 now = loop.time()
+                if self.answered and self._enough():
+                    return
                 threshold = max(self._stall_after, 3 * slowest)
                 self._stalled.clear()
                 active = 0
@@ -243,6 +288,7 @@ class _Walk:
                         continue
                     slowest = max(slowest, loop.time() - started)
                     self.answered += 1
+                    self._answered.add(node.id)
                     yield node, data
         finally:
             # A stalled query is left to finish: its silence (or late answer) is what
@@ -271,6 +317,45 @@ class NodeLookup(_Walk):
                 found[node.id] = node
                 self.learn(contacts)
         return sorted(found.values(), key=lambda n: n.long_id ^ self._target)[: self._ksize]
+
+
+class PlacementLookup(_Walk):
+    """Where to store a key: the ``ksize`` closest nodes known once the ``confirm``
+    closest of them have answered, plus up to ``spares`` next ones.
+
+    A node lookup ends only when every one of the ``ksize`` closest has answered, because
+    its caller wants live nodes. A put does not need that proof: the STORE that follows
+    is itself the round trip that shows a target is alive, and a target that does not
+    acknowledge is replaced by the next spare (:class:`dht.replication.StoreBatcher`). So
+    the walk stops as soon as the nodes nearest the key — the ones that know its
+    neighbourhood best, and whose answers name the rest — have answered without naming
+    anyone closer. In the 100-node testbed a put's walk asked ~7.5 nodes, most of them
+    only to hear again the contacts it already had."""
+
+    def __init__(self, protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
+                 confirm: int, spares: int, seeds: Iterable[Node] | None = None) -> None:
+        super().__init__(protocol, key, ksize=ksize, alpha=alpha, seeds=seeds)
+        self._confirm = max(1, confirm)
+        self._spares = max(0, spares)
+
+    def _live(self) -> list[Node]:
+        """Known nodes nearest first, without the dead and without those whose query
+        stalled and never answered (they are most likely gone)."""
+        out = self._dead | (self._ever_stalled - self._answered)
+        return sorted((n for i, n in self._known.items() if i not in out),
+                      key=lambda n: n.long_id ^ self._target)
+
+    def _enough(self) -> bool:
+        head = self._live()[: self._confirm]
+        return all(n.id in self._answered for n in head)
+
+    async def run(self, query: Query) -> list[Node]:
+        async with aclosing(self.answers(query)) as answers:
+            async for _node, contacts in answers:
+                self.learn(contacts)
+        if not self.answered:
+            return []
+        return self._live()[: self._ksize + self._spares]
 
 
 class ValueLookup(_Walk):

@@ -29,7 +29,7 @@ from dag.cid import CID
 
 from .config import DhtConfig
 from .keys import MAX_RPC_SIZE
-from .lookup import NeighbourhoodCache, find_closest
+from .lookup import NeighbourhoodCache, find_placement
 from .protocol import PulsarProtocol, RpcResult
 from .stats import DhtStats
 from .wire import MalformedDatagram, parse_store_batch
@@ -43,6 +43,9 @@ _BATCH_BUDGET: Final = MAX_RPC_SIZE - 64
 _ITEM_OVERHEAD: Final = 32
 """msgpack framing of one ``[20-byte key, value]`` item (27 bytes), rounded up."""
 _MAX_REMEMBERED: Final = 65536
+PLACEMENT_SPARES: Final = 4
+"""Nodes beyond the r closest a put keeps at hand, to store at in place of a target that
+does not acknowledge (the placement walk does not ask every target first)."""
 MAX_UNPLACED: Final = 100_000
 """Keys of a lone node's puts remembered for pushing when it joins; beyond this, such
 records wait for their hourly republish."""
@@ -73,23 +76,33 @@ Report = Callable[[bool], None]
 
 class _Tally:
     """The acknowledgements of one key's stores; resolves once every target has answered,
-    and ``quorum`` (if any) as soon as that many acknowledged (or all answered).
+    and ``quorum`` (if any) as soon as that many acknowledged (or all answered). A target
+    that does not acknowledge is replaced by the next of ``spares`` (through ``resend``),
+    so a key placed by a walk that did not hear from every target still reaches its
+    replication factor when one of them is gone.
 
     One of these per key, instead of a future per (key, node) pair and a ``gather`` over
     them, is what keeps the publisher's per-replica bookkeeping at a few attribute updates.
     """
 
-    __slots__ = ("acks", "future", "needed", "quorum", "waiting")
+    __slots__ = ("acks", "future", "needed", "quorum", "resend", "spares", "waiting")
 
     def __init__(self, future: asyncio.Future[int], waiting: int,
-                 quorum: asyncio.Future[int] | None = None, needed: int = 0) -> None:
+                 quorum: asyncio.Future[int] | None = None, needed: int = 0,
+                 spares: Sequence[Node] = (),
+                 resend: Callable[[Node, _Tally], None] | None = None) -> None:
         self.future = future
         self.waiting = waiting
         self.acks = 0
         self.quorum = quorum
         self.needed = needed
+        self.spares = deque(spares)
+        self.resend = resend
 
     def __call__(self, ok: bool) -> None:
+        if not ok and self.spares and self.resend is not None:
+            self.resend(self.spares.popleft(), self)  # still waiting for one answer
+            return
         self.acks += ok
         self.waiting -= 1
         quorum = self.quorum
@@ -150,12 +163,15 @@ class StoreBatcher:
         self._queue(node, (key, value, report))
         return future
 
-    def store_all(self, nodes: list[Node], key: bytes, value: bytes) -> asyncio.Future[int]:
-        """Queue a store of one record at each of ``nodes``; the future gives how many
+    def store_all(self, nodes: list[Node], key: bytes, value: bytes,
+                  spares: Sequence[Node] = ()) -> asyncio.Future[int]:
+        """Queue a store of one record at each of ``nodes`` (a node that does not
+        acknowledge is replaced by the next of ``spares``); the future gives how many
         acknowledged."""
-        return self.store_quorum(nodes, key, value, len(nodes))[1]
+        return self.store_quorum(nodes, key, value, len(nodes), spares)[1]
 
-    def store_quorum(self, nodes: list[Node], key: bytes, value: bytes, needed: int
+    def store_quorum(self, nodes: list[Node], key: bytes, value: bytes, needed: int,
+                     spares: Sequence[Node] = ()
                      ) -> tuple[asyncio.Future[int], asyncio.Future[int]]:
         """Like :meth:`store_all`, with a second future that resolves as soon as
         ``needed`` nodes acknowledged (or all answered): ``(quorum, all)``."""
@@ -166,7 +182,10 @@ class StoreBatcher:
             everyone.set_result(0)
             quorum.set_result(0)
             return quorum, everyone
-        tally = _Tally(everyone, len(nodes), quorum, max(1, needed))
+        def resend(node: Node, tally: _Tally) -> None:
+            self._queue(node, (key, value, tally))
+
+        tally = _Tally(everyone, len(nodes), quorum, max(1, needed), spares, resend)
         for node in nodes:
             self._queue(node, (key, value, tally))
         return quorum, everyone
@@ -292,14 +311,15 @@ class Replicator:
         acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
         in ``stats.background_acks`` / ``background_stores``."""
         config = self._config
-        found = await find_closest(self._protocol, key, ksize=config.replication,
-                                   alpha=config.alpha, stats=self._stats, cache=self._cache)
-        targets = found[: config.replication]
+        found = await find_placement(self._protocol, key, ksize=config.replication,
+                                     alpha=config.alpha, spares=PLACEMENT_SPARES,
+                                     stats=self._stats, cache=self._cache)
+        targets, spares = found[: config.replication], found[config.replication:]
         self._note_placement(key, bool(targets))
         if quorum is None:
-            acks = await self.batcher.store_all(targets, key, value)
+            acks = await self.batcher.store_all(targets, key, value, spares)
             return Replicated(acks, len(targets), self._we_are_close(key, targets))
-        early, everyone = self.batcher.store_quorum(targets, key, value, quorum)
+        early, everyone = self.batcher.store_quorum(targets, key, value, quorum, spares)
         acks = await early
         if not everyone.done():
             self._stats.background_stores += 1

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from kademlia.node import Node
 
-from dht import DhtConfig
-from dht.lookup import NodeLookup
+from dht import DhtConfig, dht_key
+from dht.lookup import NodeLookup, PlacementLookup
 from dht.stats import DhtStats
+from tests.waiting import eventually
 
-from .conftest import Network
+from .conftest import FAST, Network
 
 KEY = bytes(20)
 
@@ -114,6 +115,60 @@ async def test_with_stalls_off_the_walk_waits_for_every_query() -> None:
     found = await asyncio.wait_for(walk.run(peers), 5.0)
     assert [int.from_bytes(n.id, "big") for n in found] == [1, 2]
     assert peers.asked == [1, 2] and walk.stalls == 0
+
+
+def _distances(nodes: list[Node]) -> list[int]:
+    return [int.from_bytes(n.id, "big") for n in nodes]
+
+
+async def test_a_placement_walk_ends_once_the_nearest_answered() -> None:
+    protocol = _FakeProtocol(stall_after=1.0)
+    # We know 3..7; 3 and 4 name 1 and 2, who name nobody closer.
+    peers = _Peers(delay={d: 0.0 for d in range(1, 8)},
+                   names={3: [1, 2], 4: [1, 2], 1: [2, 3], 2: [1, 4]})
+    seeds = [_node(d) for d in range(3, 8)]
+    walk = PlacementLookup(protocol, KEY, ksize=5, alpha=2,  # type: ignore[arg-type]
+                           confirm=2, spares=1, seeds=seeds)
+    found = await asyncio.wait_for(walk.run(peers), 5.0)
+    assert _distances(found) == [1, 2, 3, 4, 5, 6]  # 5 targets and a spare
+    assert sorted(peers.asked) == [1, 2, 3, 4]  # 5, 6, 7 are left to the STOREs
+    # A full node lookup asks every one of the five closest before it ends.
+    full = _Peers(delay=peers.delay, names=peers.names)
+    nodes = await NodeLookup(protocol, KEY, ksize=5, alpha=2,  # type: ignore[arg-type]
+                             seeds=seeds).run(full)
+    assert _distances(nodes) == [1, 2, 3, 4, 5] and sorted(full.asked) == [1, 2, 3, 4, 5]
+
+
+async def test_a_placement_walk_leaves_out_a_node_that_never_answered() -> None:
+    protocol = _FakeProtocol(stall_after=0.05)
+    peers = _Peers(delay={2: 0.0, 3: 0.0}, names={2: [3], 3: [2]})  # 1 is silent
+    walk = PlacementLookup(protocol, KEY, ksize=2, alpha=1,  # type: ignore[arg-type]
+                           confirm=1, spares=0, seeds=[_node(1), _node(2), _node(3)])
+    found = await asyncio.wait_for(walk.run(peers), 5.0)
+    assert _distances(found) == [2, 3]
+    assert peers.asked == [1, 2]  # 1 stalled, 2 answered and was then the nearest
+    for task in protocol.tasks:
+        task.cancel()
+
+
+@pytest.mark.slow
+async def test_a_target_that_is_gone_is_replaced_by_the_next_closest(
+        network: Network) -> None:
+    config = dataclasses.replace(FAST, replicas=3)
+    nodes = await network.grow(8, config=config)
+    writer, data = nodes[0], b"\x44gone"
+    first = await writer.put_many([data])
+    key = dht_key(first[0].cid)
+    holders = [n for n in nodes[1:] if n.records.get(key) is not None]
+    assert first[0].acks == 3 and len(holders) == 3
+    await network.stop(holders[0])
+    # The writer's neighbourhood cache still names the stopped node: its STORE goes
+    # unanswered, and the next closest node is asked instead.
+    again = await writer.put_many([data])
+    assert again[0].acks == 3
+    live = network.nodes[1:]
+    await eventually(lambda: sum(n.records.get(key) is not None for n in live) == 3)
+    assert writer.stats.lookups == 1  # the second put was placed from the cache
 
 
 @pytest.mark.slow
