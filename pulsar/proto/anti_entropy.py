@@ -86,8 +86,24 @@ class AntiEntropy(BackfillParts):
         """Our whole heads list to ``peer``, remembered as the set it last had from us."""
         current = self.heads(state.cid)
         state.sent[peer] = frozenset(current)
+        self._told(state, peer, current)
         self._counts["heads_sent"] += 1
         return ev.Send(peer, Heads(state.cid, tuple(current)))
+
+    def _told(self, state: TopicState, peer: PeerId, heads: Iterable[CID]) -> None:
+        """``peer`` was sent ``heads`` in a HEADS: like a peer an event was forwarded or
+        announced to, it is covered for them, so refresh rounds send it the digest, not
+        the list again. (A peer that became a neighbour after an event passed — a new
+        lazy link, a tree repair — was sent the whole list on every refresh round: under
+        500 ms of latency, 1,336 of the 2,043 HEADS of a 100-node run.) If the HEADS is
+        lost, the digest differs and the list follows."""
+        covered, limit = state.covered, self.config.heads_limit
+        for head in heads:
+            peers = covered.get(head)
+            if peers is None:
+                bounded_put(covered, head, frozenset((peer,)), limit)
+            elif peer not in peers:
+                covered[head] = peers | {peer}
 
     def on_digest(self, peer: PeerId, msg: HeadsDigest, now: float) -> Out:
         """A neighbour's heads, hashed: if ours hash the same there is nothing to do;
@@ -200,6 +216,7 @@ class AntiEntropy(BackfillParts):
                     self._counts["heads_skipped"] += 1  # it has them all, or was told
                     continue
                 listed = message if len(new) == len(heads) else Heads(topic, tuple(new))
+                self._told(state, peer, new)
                 out.append(ev.Send(peer, listed))
                 self._counts["heads_sent"] += 1
                 continue
@@ -212,6 +229,7 @@ class AntiEntropy(BackfillParts):
                 out.append(ev.Send(peer, digest))
                 self._counts["digests_sent"] += 1
                 continue
+            self._told(state, peer, heads)
             out.append(ev.Send(peer, message))
             self._counts["heads_sent"] += 1
         return out

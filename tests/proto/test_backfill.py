@@ -183,6 +183,7 @@ class Net:
                     Want: target.bf.on_want,
                     Blocks: target.bf.on_blocks,
                     Heads: target.bf.on_heads,
+                    HeadsDigest: target.bf.on_digest,
                 }
                 handler = handlers[type(message)]
                 result = self._timed(target, handler, at.peer, message, self.now)
@@ -685,12 +686,16 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     assert net.sent[sent:] == []
     net.advance(14.0)  # after 5 quiet ticks, heads go once more to everyone; nothing to fetch
     refreshed = net.sent[sent:]
-    assert {(src, type(msg)) for src, _, msg in refreshed} == {(PEER, Heads), (PEER2, Heads)}
+    # Each was sent or told of every head (the HEADS above told), so the round is the
+    # digest, and the digests match: nothing follows.
+    assert {(src, type(msg)) for src, _, msg in refreshed} == {
+        (PEER, HeadsDigest), (PEER2, HeadsDigest)}
     assert n.bf.metrics["heads_unknown"] == 1 and m.bf.metrics["heads_unknown"] == 0
     # Again after 10, 20, 40, 80 and 160 quiet ticks (a lost refresh is covered by the next)...
     net.advance(400.0)
-    refreshes = [src for src, _, msg in net.sent[sent:] if isinstance(msg, Heads)]
+    refreshes = [src for src, _, msg in net.sent[sent:] if isinstance(msg, HeadsDigest)]
     assert refreshes.count(PEER) == refreshes.count(PEER2) == 6
+    assert not [msg for _, _, msg in net.sent[sent:] if isinstance(msg, Heads)]
     # ...then the topic is idle: no timer armed, nothing sent however long nothing happens.
     assert n.timers == [] and m.timers == []
     total = len(net.sent)
@@ -876,9 +881,10 @@ def test_blocks_total_size_is_bounded() -> None:
 
 def test_heads_skip_neighbours_that_were_sent_or_told_every_head() -> None:
     """What was forwarded to a neighbour or announced to it is not named to it again in
-    HEADS when the heads change; what it was not told of is. Every refresh round of a
-    quiet topic reaches everyone: the list where a head is untold, a 16-byte digest where
-    every head was sent or told (the copy may still have been lost)."""
+    HEADS when the heads change; what it was not told of is (and a HEADS tells). Every
+    refresh round of a quiet topic reaches everyone: the list where a head is untold, a
+    16-byte digest where every head was sent or told (the copy may still have been
+    lost)."""
     e0, e1 = _chain(2)
     core = _core(neighbours=lambda topic: [PEER, PEER2])
     core.accepted(TID, e0, 1, PEER, 0.0)
@@ -894,12 +900,23 @@ def test_heads_skip_neighbours_that_were_sent_or_told_every_head() -> None:
     core.accepted(TID, e1, REPAIR_HOP, None, 3.0)
     core.cover(TID, e1.cid, {PEER})
     assert sent(4.0) == {PEER2: Heads}
-    # Refresh rounds 1 and 2: to everyone; PEER, told of everything, gets the digest.
-    assert sent(6.0) == {PEER: HeadsDigest, PEER2: Heads}
-    assert sent(8.0) == {PEER: HeadsDigest, PEER2: Heads}
+    # Refresh rounds 1 and 2: to everyone; both were told of everything (PEER2 by the
+    # HEADS just sent), so both get the digest.
+    assert sent(6.0) == {PEER: HeadsDigest, PEER2: HeadsDigest}
+    assert sent(8.0) == {PEER: HeadsDigest, PEER2: HeadsDigest}
     assert sent(10.0) == {}  # quiet tick 3: no refresh round
-    assert sent(12.0) == {PEER: HeadsDigest, PEER2: Heads}  # 4
-    assert core.metrics["digests_sent"] == 3
+    assert sent(12.0) == {PEER: HeadsDigest, PEER2: HeadsDigest}  # 4
+    assert core.metrics["digests_sent"] == 6
+    # A neighbour told of nothing (a new lazy link, say) gets the list once, then digests.
+    newcomer = PeerId(b"\x00\x24\x08\x01\x12\x20" + bytes(range(32)))
+
+    def sent3(now: float) -> dict[PeerId, type]:
+        return {o.peer: type(o.message) for o in core.tick(TID, [PEER, PEER2, newcomer], now)
+                if isinstance(o, ev.Send)}
+
+    assert sent3(14.0) == {newcomer: Heads}  # quiet tick 5: only the untold newcomer
+    assert sent3(16.0) == sent3(18.0) == {}
+    assert sent3(20.0) == {PEER: HeadsDigest, PEER2: HeadsDigest, newcomer: HeadsDigest}  # 8
 
 
 def test_a_digest_that_differs_brings_the_lists_both_ways() -> None:
