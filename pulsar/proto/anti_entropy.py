@@ -121,6 +121,8 @@ class AntiEntropy(BackfillParts):
         if heads_digest(heads) == msg.digest:
             self._counts["digests_matched"] += 1
             state.deferred.discard(peer)
+            if frozenset(heads) == state.last_heads:
+                state.agreed.add(peer)
             return []
         moving = state.quiet == 0 or frozenset(heads) != state.last_heads
         if moving and peer not in state.deferred:
@@ -183,6 +185,7 @@ class AntiEntropy(BackfillParts):
             del state.sent[gone]
             state.digested.pop(gone, None)
         state.deferred.intersection_update(peers)
+        state.agreed.intersection_update(peers)
         if not heads:
             self._active.pop(topic, None)
             return []
@@ -192,6 +195,7 @@ class AntiEntropy(BackfillParts):
             state.last_heads, state.quiet = current, 0
             state.ticks += 1
             state.digested.clear()  # answers to digests of an older set mean nothing now
+            state.agreed.clear()
         else:
             state.quiet += 1
         rounds, rest = divmod(state.quiet, self.config.heads_refresh)
@@ -219,6 +223,11 @@ class AntiEntropy(BackfillParts):
                 self._told(state, peer, new)
                 out.append(ev.Send(peer, listed))
                 self._counts["heads_sent"] += 1
+                continue
+            if peer in state.agreed:
+                # Its own refresh digest matched these heads: neither lacks anything, and
+                # ours would only tell it so again (both sides' rounds sent one each way).
+                self._counts["digests_spared"] += 1
                 continue
             if all(peer in covered.get(head, ()) for head in heads):
                 # Sent or told of every head, but a copy may have been lost: the digest

@@ -179,6 +179,7 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
             "lost_retried": 0,
             "digests_sent": 0,
             "digests_matched": 0,
+            "digests_spared": 0,
             "digests_deferred": 0,
             "heads_unknown": 0,
             "duplicates": 0,

@@ -229,6 +229,9 @@ class TopicState:
     deferred: set[PeerId] = field(default_factory=set)
     """Neighbours whose last digest differed while our heads were moving, and was not
     answered: their next one is, whatever our heads do."""
+    agreed: set[PeerId] = field(default_factory=set)
+    """Neighbours whose digest matched our heads since they last changed: they have what
+    we have, so our refresh rounds need not send them ours."""
     last_heads: frozenset[CID] = frozenset()
 
 

@@ -687,14 +687,14 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     net.advance(14.0)  # after 5 quiet ticks, heads go once more to everyone; nothing to fetch
     refreshed = net.sent[sent:]
     # Each was sent or told of every head (the HEADS above told), so the round is the
-    # digest, and the digests match: nothing follows.
-    assert {(src, type(msg)) for src, _, msg in refreshed} == {
-        (PEER, HeadsDigest), (PEER2, HeadsDigest)}
+    # digest; m's comes first and matches, so n, which now knows they agree, sends none.
+    assert {(src, type(msg)) for src, _, msg in refreshed} == {(PEER, HeadsDigest)}
+    assert n.bf.metrics["digests_spared"] == 1
     assert n.bf.metrics["heads_unknown"] == 1 and m.bf.metrics["heads_unknown"] == 0
     # Again after 10, 20, 40, 80 and 160 quiet ticks (a lost refresh is covered by the next)...
     net.advance(400.0)
     refreshes = [src for src, _, msg in net.sent[sent:] if isinstance(msg, HeadsDigest)]
-    assert refreshes.count(PEER) == refreshes.count(PEER2) == 6
+    assert refreshes.count(PEER) == 6 and refreshes.count(PEER2) == 0
     assert not [msg for _, _, msg in net.sent[sent:] if isinstance(msg, Heads)]
     # ...then the topic is idle: no timer armed, nothing sent however long nothing happens.
     assert n.timers == [] and m.timers == []
@@ -968,6 +968,30 @@ def test_a_differing_digest_while_our_heads_move_is_answered_only_the_second_tim
     (answer,) = theirs.on_digest(PEER2, stale, 2.5)
     assert answer.message == Heads(TID, (e1.cid,))
     assert theirs.metrics["digests_deferred"] == 2
+
+
+def test_a_neighbour_whose_digest_matched_is_not_sent_ours() -> None:
+    """Both ends of a link refresh: when the neighbour's digest of the current heads
+    matched ours, our round skips it (one digest per link and round, not two); once our
+    heads change, it gets ours again."""
+    e0, e1 = _chain(2)
+    core = _core(neighbours=lambda topic: [PEER, PEER2])
+    core.accepted(TID, e0, 1, PEER, 0.0)
+    core.cover(TID, e0.cid, {PEER, PEER2})
+
+    def sent(now: float) -> dict[PeerId, type]:
+        return {o.peer: type(o.message) for o in core.tick(TID, [PEER, PEER2], now)
+                if isinstance(o, ev.Send)}
+
+    assert sent(2.0) == {}  # both have e0
+    assert core.on_digest(PEER, HeadsDigest(TID, heads_digest([e0.cid])), 3.0) == []
+    assert sent(4.0) == {PEER2: HeadsDigest}  # refresh round 1: PEER already agreed
+    assert core.metrics["digests_spared"] == 1
+    assert sent(6.0) == {PEER2: HeadsDigest}  # and round 2
+    core.accepted(TID, e1, 1, PEER2, 7.0)
+    core.cover(TID, e1.cid, {PEER, PEER2})
+    assert sent(8.0) == {}  # changed: both were told of e1
+    assert sent(10.0) == {PEER: HeadsDigest, PEER2: HeadsDigest}  # PEER agreed on e0 only
 
 
 def _quiet_refresh(core: Backfill, peer: PeerId) -> list[ev.Send]:
