@@ -52,7 +52,11 @@ def _bench(args: argparse.Namespace) -> int:
 
         figures = bench_publish(nodes=args.nodes or 20, events=args.events or 200,
                                 processes=args.processes, against=args.against)
-        _print_json(asyncio.run(figures))
+        try:
+            _print_json(asyncio.run(figures))
+        except ValueError as exc:  # bad arguments, said before anything is measured
+            print(f"pulsarcast bench publish: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.name == "topics":
         from .bench.topics import bench_topics

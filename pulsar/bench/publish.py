@@ -59,6 +59,8 @@ async def bench_publish(nodes: int = 20, events: int = 200, processes: int | Non
         raise ValueError("the publish benchmark needs at least 3 nodes and 10 events")
     processes = (os.cpu_count() or 1) if processes is None else processes
     processes = max(0, min(processes, nodes - 1))
+    if against is not None:
+        _check_revision(against)  # before minutes of measuring, not after
     runs = await probe(nodes, events, list(ORDER), processes)
     q50, a50 = min(runs["quorum_p50"]), min(runs["all_p50"])
     qrate, arate = max(runs["quorum_rate"]), max(runs["all_rate"])
@@ -83,6 +85,19 @@ async def bench_publish(nodes: int = 20, events: int = 200, processes: int | Non
     if against is not None:
         figures.update(await _against(against, nodes, events, processes))
     return figures
+
+
+def _check_revision(revision: str) -> None:
+    """Raise ValueError, in words, unless ``revision`` names a commit of this checkout."""
+    here = Path(__file__).resolve().parents[2]
+    try:
+        subprocess.run(["git", "-C", str(here), "rev-parse", "--verify", "--quiet",
+                        f"{revision}^{{commit}}"], check=True, capture_output=True)
+    except FileNotFoundError:
+        raise ValueError("--against needs git, and git is not installed") from None
+    except subprocess.CalledProcessError:
+        raise ValueError(f"--against {revision}: not a commit of the git checkout at "
+                         f"{here}") from None
 
 
 async def _against(revision: str, nodes: int, events: int, processes: int

@@ -27,3 +27,12 @@ async def test_publish_bench_figures_are_consistent() -> None:
     }
     assert all(len(values) == 2 for values in figures["runs"].values())
     assert "against" not in figures
+
+
+def test_a_revision_that_is_not_a_commit_is_refused_before_anything_runs(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from pulsar.cli import main
+
+    assert main(["bench", "publish", "--against", "no-such-revision-x9"]) == 2
+    err = capsys.readouterr().err
+    assert "--against no-such-revision-x9: not a commit" in err
