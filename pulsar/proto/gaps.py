@@ -253,7 +253,7 @@ class GapFetching(BackfillParts):
         wait = self.config.want_timeout
         rto = self.rtt.worst_rto({peer})
         if rto is not None:
-            wait = max(wait, self.config.want_rtts * rto)
+            wait = min(max(wait, self.config.want_rtts * rto), self.config.max_want_timeout)
         out.append(ev.SetTimer(wait, timeout))
 
     def _have(self, state: TopicState) -> tuple[CID, ...]:

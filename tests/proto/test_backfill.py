@@ -48,6 +48,7 @@ from pulsar.proto.repair_messages import (
     Want,
     heads_digest,
 )
+from pulsar.proto.rtt import RttTable
 
 T0 = 1_700_000_000.0
 AUTHOR = Identity.from_seed(b"\x01" * 32)
@@ -782,6 +783,35 @@ def test_a_parked_gap_waits_at_most_one_rto_for_the_want_before_it() -> None:
     assert [o.delay for o in wait] == [0.5]
     out = core.on_timer(wait[0].timer, 0.5)
     assert [o.message.head for o in out if isinstance(o, ev.Send)] == [other.cid]
+
+
+def _first_want(core: Backfill, out: list[Any], now: float) -> tuple[WantTimeout, float]:
+    """Fire the gap's waits (its reorder wait) until its WANT goes: that WANT's timer."""
+    while True:
+        for o in out:
+            if isinstance(o, ev.SetTimer) and isinstance(o.timer, WantTimeout):
+                return o.timer, o.delay
+        timer = next(o for o in out if isinstance(o, ev.SetTimer)
+                     and not isinstance(o.timer, GapTimeout))
+        now += timer.delay
+        out = core.on_timer(timer.timer, now)
+
+
+def test_a_want_to_a_slow_peer_is_waited_for_at_most_max_want_timeout() -> None:
+    """The WANT wait follows the peer's RTO (two of them), but a path that looks very slow
+    — a busy author, or an unmeasured peer given the worst RTO known — does not keep the
+    DHT from being asked for more than ``max_want_timeout``."""
+    e0, e1, e2 = _chain(3)
+    waits = []
+    for rtt_s in (1.0, 0.1):  # RTO 3 s: 6 s, cut to 5; RTO 0.3 s: the 2 s floor
+        rtt = RttTable()
+        rtt.sample(PEER, rtt_s, 0.0)
+        core = _core(rtt=rtt)
+        core.accepted(TID, e0, 1, PEER, 0.0)
+        timer, wait = _first_want(core, core.accepted(TID, e2, 1, PEER, 1.0), 1.0)
+        waits.append(wait)
+        assert core.on_timer(timer, 10.0) == [ev.Fetch(e1.cid)]  # the missing parent
+    assert waits == [5.0, 2.0]
 
 
 def test_max_gaps_evicts_the_oldest_gap() -> None:

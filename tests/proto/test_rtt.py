@@ -11,7 +11,7 @@ import pytest
 
 from dag import CID, Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
-from pulsar.proto.backfill import GapTimeout, RetryFetch, WantTimeout
+from pulsar.proto.backfill import BackfillConfig, GapTimeout, RetryFetch, WantTimeout
 from pulsar.proto.batch_messages import Batch
 from pulsar.proto.core import PulsarCore
 from pulsar.proto.gossip_messages import Graft, IHave, Prune
@@ -339,7 +339,8 @@ def test_a_gap_opened_down_the_tree_waits_the_senders_rto_and_wants_follow_it() 
     assert [o.event for o in out if isinstance(o, ev.Deliver)] == [e1, e2]
     assert core.on_timer(RetryFetch(TID, 0), 3.5) == []
     assert core.metrics["wants_sent"] == 0
-    # It does not: the WANT goes when the wait ends, and may take two RTOs to answer.
+    # It does not: the WANT goes when the wait ends, and may take two RTOs to answer (at
+    # most max_want_timeout, 5 s: then the DHT is asked too).
     orphan = _chain(6)[5]  # the same chain further on: its parent never comes
     held = core.accepted(TID, orphan, 1, PEER, 4.0)
     [retry] = [o.timer for o in held if isinstance(o, ev.SetTimer)
@@ -347,7 +348,9 @@ def test_a_gap_opened_down_the_tree_waits_the_senders_rto_and_wants_follow_it() 
     out = core.on_timer(retry, 6.5)
     want = [o for o in out if isinstance(o, ev.Send)]
     assert len(want) == 1 and isinstance(want[0].message, Want)
-    assert ev.SetTimer(2 * rto, WantTimeout(TID, retry.gap, PEER, want[0].message.head)) in out
+    wait = min(2 * rto, BackfillConfig().max_want_timeout)
+    assert wait == pytest.approx(5.0)
+    assert ev.SetTimer(wait, WantTimeout(TID, retry.gap, PEER, want[0].message.head)) in out
 
 
 def test_a_gap_holds_delivery_back_for_its_paths_repair_time() -> None:
