@@ -40,7 +40,7 @@ from api import ApiServer
 from pulsar import Node
 from tests.node.conftest import Network
 
-MAX_EXAMPLES = int(os.environ.get("PULSARCAST_SCHEMA_EXAMPLES", "40"))
+MAX_EXAMPLES = int(os.environ.get("PULSARCAST_SCHEMA_EXAMPLES", "25"))
 TOKEN = "schema-test-token"
 UNSTATABLE = [
     # A base32 string matches the CID pattern; whether it decodes to a CID (multibase,
