@@ -49,7 +49,6 @@ __all__ = [
     "ValueLookup",
     "crawl",
     "find_closest",
-    "find_placement",
     "find_value",
 ]
 
@@ -121,13 +120,20 @@ class NeighbourhoodCache:
 
 
 async def find_closest(protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
-                       stats: DhtStats, cache: NeighbourhoodCache | None = None
-                       ) -> list[Node]:
-    """The ``ksize`` nodes closest to ``key`` (never ourselves), nearest first."""
+                       stats: DhtStats, cache: NeighbourhoodCache | None = None,
+                       spares: int | None = None) -> list[Node]:
+    """The ``ksize`` nodes closest to ``key`` (never ourselves), nearest first, served from
+    ``cache`` when a recent walk covered the key.
+
+    With ``spares``, where to *store* the key: the walk is a :class:`PlacementLookup`
+    (it ends once the nearest answered; the STOREs prove the rest alive), and up to
+    ``spares`` next nodes follow the ``ksize``, to replace targets that do not
+    acknowledge. Without, a :class:`NodeLookup`: every node returned answered."""
+    wanted = ksize + (spares or 0)
     if cache is not None:
         cached = cache.get(key)
         if cached is not None:
-            return _merge(key, cached, protocol.closest_nodes(key, ksize), ksize)
+            return _merge(key, cached, protocol.closest_nodes(key, wanted), wanted)
     seeds = protocol.closest_nodes(key, ksize)
     if not seeds:
         return []
@@ -137,35 +143,11 @@ async def find_closest(protocol: PulsarProtocol, key: bytes, *, ksize: int, alph
         # FIND_NEAR: only the ``ksize`` closest the peer knows; the walk keeps no more.
         return protocol.call_find_near(peer, target, ksize)
 
-    nodes = await NodeLookup(protocol, key, ksize=ksize, alpha=alpha, seeds=seeds).run(ask)
-    if cache is not None:
-        cache.put(key, nodes)
-    return nodes
-
-
-async def find_placement(protocol: PulsarProtocol, key: bytes, *, ksize: int, alpha: int,
-                         spares: int, stats: DhtStats, cache: NeighbourhoodCache | None = None
-                         ) -> list[Node]:
-    """Where to store ``key``: the ``ksize`` nodes closest to it as a
-    :class:`PlacementLookup` finds them, then up to ``spares`` replacements, nearest first
-    (never ourselves). Served from ``cache`` when a recent walk covered the key."""
-    if cache is not None:
-        cached = cache.get(key)
-        if cached is not None:
-            return _merge(key, cached, protocol.closest_nodes(key, ksize + spares),
-                          ksize + spares)
-    seeds = protocol.closest_nodes(key, ksize)
-    if not seeds:
-        return []
-    stats.lookups += 1
-
-    def ask(peer: Node, target: Node) -> Awaitable[Any]:
-        # FIND_NEAR: only the ``ksize`` closest the peer knows; the walk keeps no more.
-        return protocol.call_find_near(peer, target, ksize)
-
-    walk = PlacementLookup(protocol, key, ksize=ksize, alpha=alpha, confirm=alpha,
-                           spares=spares, seeds=seeds)
-    nodes = await walk.run(ask)
+    if spares is None:
+        nodes = await NodeLookup(protocol, key, ksize=ksize, alpha=alpha, seeds=seeds).run(ask)
+    else:
+        nodes = await PlacementLookup(protocol, key, ksize=ksize, alpha=alpha, confirm=alpha,
+                                      spares=spares, seeds=seeds).run(ask)
     if cache is not None:
         cache.put(key, nodes[:ksize])
     return nodes

@@ -29,7 +29,7 @@ from dag.cid import CID
 
 from .config import DhtConfig
 from .keys import MAX_RPC_SIZE
-from .lookup import NeighbourhoodCache, find_placement
+from .lookup import NeighbourhoodCache, find_closest
 from .protocol import PulsarProtocol, RpcResult
 from .stats import DhtStats
 from .wire import MalformedDatagram, parse_store_batch
@@ -311,9 +311,9 @@ class Replicator:
         acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
         in ``stats.background_acks`` / ``background_stores``."""
         config = self._config
-        found = await find_placement(self._protocol, key, ksize=config.replication,
-                                     alpha=config.alpha, spares=PLACEMENT_SPARES,
-                                     stats=self._stats, cache=self._cache)
+        found = await find_closest(self._protocol, key, ksize=config.replication,
+                                   alpha=config.alpha, spares=PLACEMENT_SPARES,
+                                   stats=self._stats, cache=self._cache)
         targets, spares = found[: config.replication], found[config.replication:]
         self._note_placement(key, bool(targets))
         if quorum is None:
