@@ -647,7 +647,7 @@ class PulsarCore(Publishing, VersionAdoption):
             if msg.also and peer is not None and self.frags.config.enabled:
                 return self._delegated(tree, cid, msg, peer, now)
             self.metrics["duplicates"] += 1
-            return self.lazy.duplicate(msg.topic, peer) or self._stale_edge(tree, peer, now)
+            return self.lazy.duplicate(msg.topic, peer, cid) or self._stale_edge(tree, peer, now)
         try:
             event = EventDescriptor.from_block(msg.block, cid)
         except InvalidDescriptor as exc:

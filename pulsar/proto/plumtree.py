@@ -278,13 +278,25 @@ class Plumtree:
             out.append(ev.SetTimer(self.config.dispatch_delay, DispatchTimer()))
         return out
 
-    def duplicate(self, topic: CID, sender: PeerId | None) -> Out:
+    def duplicate(self, topic: CID, sender: PeerId | None, cid: CID | None = None) -> Out:
         """A copy of an event already received: prune the link if it is a grafted one
-        (tree edges are the tree and stay eager)."""
+        (tree edges are the tree and stay eager).
+
+        A copy over a tree edge of an event a grafted link brought first prunes that
+        grafted link instead: the tree carries the topic again, and a grafted link the
+        tree duplicates would otherwise stay eager for good — nothing else ever prunes it
+        (the tree's copy comes second, over an edge that is never pruned), and the node
+        forwards each of its copies up the tree, a duplicate at the parent too."""
         state = self._topics.get(topic)
-        if state is None or sender is None or sender not in state.grafted:
+        if state is None or sender is None:
             return []
-        if sender in self._neighbours(topic):
+        tree = self._neighbours(topic)
+        if sender in tree:
+            first = state.via.pop(cid, None) if cid is not None else None
+            if first is None or first not in state.grafted or first in tree:
+                return []
+            sender = first
+        elif sender not in state.grafted:
             return []
         state.grafted.discard(sender)
         state.lazy.add(sender)

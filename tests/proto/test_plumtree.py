@@ -164,6 +164,24 @@ def test_graft_is_answered_with_the_event_and_duplicates_prune() -> None:
     assert PEERS[5] not in layer.eager_extra(TOPIC)
 
 
+def test_a_grafted_link_the_tree_duplicates_is_pruned() -> None:
+    layer = _layer()
+    layer.on_graft(PEERS[4], Graft(TOPIC, None), 0.0)
+    assert PEERS[4] in layer.eager_extra(TOPIC)
+    # The tree brought this one first: its duplicate over the grafted link prunes that
+    # link (as before); a duplicate over the tree edge prunes nothing.
+    via_tree = cid_of(b"\x01")
+    layer.accepted(TOPIC, via_tree, 2, PEERS[0], 0.1)
+    assert layer.duplicate(TOPIC, PEERS[0], via_tree) == []
+    # The grafted link brought this one first and the tree's copy followed: the tree
+    # carries the topic again, so the grafted link goes back to lazy.
+    via_graft = cid_of(b"\x02")
+    layer.accepted(TOPIC, via_graft, 1, PEERS[4], 0.2)
+    assert layer.duplicate(TOPIC, PEERS[0], via_graft) == [ev.Send(PEERS[4], Prune(TOPIC))]
+    assert PEERS[4] not in layer.eager_extra(TOPIC) and PEERS[4] in layer.lazy(TOPIC)
+    assert layer.duplicate(TOPIC, PEERS[0], via_graft) == []  # once
+
+
 def test_shuffle_is_answered_once_and_dead_peers_are_forgotten() -> None:
     layer = _layer()
     out = layer.on_shuffle(PEERS[1], Shuffle(TOPIC, (PEERS[2], PEERS[3]), False), 0.0)
