@@ -294,6 +294,8 @@ class PulsarCore(Publishing, VersionAdoption):
                 continue  # history: children that want it backfill it themselves
             message = Event(topic, event.block, 1)
             for peer in sorted(tree.children | self.lazy.eager_extra(topic), key=bytes):
+                if peer == event.publisher:
+                    continue
                 out.append(ev.Send(peer, message))
                 self.metrics["repair_pushed"] += 1
         extra: Out = []
@@ -715,7 +717,8 @@ class PulsarCore(Publishing, VersionAdoption):
         forward = Event(tree.topic.cid, event.block, hop + 1)
         eager = self._eager(tree)
         for peer in eager:
-            if peer != sender:
+            # Its publisher made it: a copy back (up the tree, to an author) is a duplicate.
+            if peer != sender and peer != event.publisher:
                 out.append(ev.Send(peer, forward))
                 self.metrics["forwarded"] += 1
         out += self.lazy.accepted(tree.topic.cid, event.cid, hop, sender, now)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
 from dag import PeerId
 
@@ -37,6 +38,9 @@ class RttConfig:
     max_rto: float = 30.0
     peers: int = 4096
     """Estimates kept (least recently sampled forgotten first)."""
+    fallback_of: int = 16
+    """An unmeasured neighbour is assumed as far as the farthest of this many most
+    recently sampled ones (not of every estimate ever kept: see ``worst_rto``)."""
     probes: int = 1024
     """Probes in flight at most (a bound on what unanswered PINGs can cost us)."""
 
@@ -76,8 +80,9 @@ class RttTable:
         self._probing: dict[PeerId, int] = {}
         self._next_nonce = 1
         self._worst: float | None = None
-        """The longest RTO of any estimate, kept as samples come (they are rare: one per
-        neighbour per ``refresh``), not recomputed on every wait that needs it."""
+        """The longest RTO of the ``fallback_of`` most recently sampled estimates, kept
+        as samples come (they are rare: one per neighbour per ``refresh``), not
+        recomputed on every wait that needs it."""
 
     # ------------------------------------------------------------------ reading
 
@@ -91,8 +96,13 @@ class RttTable:
 
     def worst_rto(self, peers: set[PeerId] | frozenset[PeerId]) -> float | None:
         """The longest wait among ``peers`` with a sample; if none of them has one, the
-        longest the node knows of any neighbour (the best guess at how far away an
-        unmeasured neighbour is); None when nothing was ever measured."""
+        longest of the neighbours sampled most recently (the best guess at how far away
+        an unmeasured neighbour is); None when nothing was ever measured.
+
+        Recent ones only: an estimate is updated only while its peer is talked to, so
+        the longest of *every* estimate kept was set for good by one slow sample (a
+        first probe answered late under load, a peer since gone), and stretched every
+        graft, JOIN and WANT wait for unmeasured neighbours from then on."""
         known = [e.rto(self.config) for p in peers if (e := self._estimates.get(p)) is not None]
         if known:
             return max(known)
@@ -147,7 +157,8 @@ class RttTable:
         else:
             estimate.update(rtt, now)
             self._estimates.move_to_end(peer)
-        self._worst = max(e.rto(self.config) for e in self._estimates.values())
+        recent = islice(reversed(self._estimates.values()), self.config.fallback_of)
+        self._worst = max(e.rto(self.config) for e in recent)
 
     def forget(self, peer: PeerId) -> None:
         """A neighbour went down: its probe is void (its estimate is kept: the path to

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dag import CID, Identity, PeerId, TopicDescriptor, cid_of, encode
+from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
 from pulsar.proto.backfill import BackfillConfig, GapTimeout, RetryFetch, WantTimeout
 from pulsar.proto.batch_messages import Batch
@@ -83,6 +83,22 @@ def test_worst_rto_falls_back_to_the_farthest_measured_neighbour() -> None:
     assert table.worst_rto({a}) == table.rto(a)
     assert table.worst_rto({a, b}) == table.rto(b)
     assert table.worst_rto({c}) == table.rto(b)  # unmeasured: assume the worst we know
+
+
+def test_the_fallback_for_unmeasured_neighbours_forgets_an_old_slow_sample() -> None:
+    table = RttTable(RttConfig(fallback_of=3))
+    slow, fresh = _peer(1), [_peer(i) for i in range(2, 6)]
+    unmeasured = _peer(99)
+    table.sample(slow, 2.0, 0.0)  # one first probe answered late
+    assert table.worst_rto({unmeasured}) == table.rto(slow)
+    for i, peer in enumerate(fresh[:2]):
+        table.sample(peer, 0.02, 1.0 + i)
+    assert table.worst_rto({unmeasured}) == table.rto(slow)  # still among the 3 latest
+    table.sample(fresh[2], 0.02, 3.0)
+    # Three neighbours sampled since: the slow estimate no longer sets the fallback, but
+    # is still what a wait for that very peer uses.
+    assert table.worst_rto({unmeasured}) == table.rto(fresh[2]) < 0.2
+    assert table.worst_rto({slow}) == table.rto(slow)
 
 
 def test_table_bounds_what_the_network_can_make_it_hold() -> None:
@@ -205,6 +221,25 @@ def test_a_duplicate_over_an_edge_we_do_not_hold_is_answered_with_leave_once() -
     assert core.handle(ev.Received(stale, copy), 1.4) == []  # its copies in flight: quiet
     assert core.handle(ev.Received(stale, copy), 12.0) == [ev.Send(stale, Leave(topic.cid))]
     assert core.metrics["stale_edges"] == 2
+
+
+def test_an_event_is_not_pushed_back_to_its_publisher() -> None:
+    """An author's event that reached a member over another path first (a grafted or
+    stale link) is not pushed up to its parent when that parent is the author: the
+    author made it, the copy would be a duplicate."""
+    author = Identity.from_seed(b"\x01" * 32)
+    member = Identity.from_seed(b"\x02" * 32)
+    topic = _topic(author)
+    parent = author.peer_id
+    core = PulsarCore(member, StaticRouting([parent]))
+    core.handle(ev.Subscribe(topic), 0.0)
+    core.handle(ev.Received(parent, Joined(topic.cid, (), (), None)), 0.1)
+    child, other = _peer(30), _peer(31)
+    core.handle(ev.Received(child, Join(topic.cid, topic.block)), 0.2)
+    event = EventDescriptor.create(author, topic.cid, b"x", now=1.0)
+    out = core.handle(ev.Received(other, Event(topic.cid, event.block, 1)), 1.0)
+    pushed = {o.peer for o in out if isinstance(o, ev.Send) and isinstance(o.message, Event)}
+    assert pushed == {child}
 
 
 def test_a_joined_from_a_peer_that_is_not_our_parent_is_answered_with_leave() -> None:
