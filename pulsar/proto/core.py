@@ -100,6 +100,9 @@ __all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
 _STALE_TOLD = 64
 """Peers remembered per tree as told LEAVE for a stale edge (a bound on what duplicates
 from many peers can make a node hold)."""
+_STRAYS = 64
+"""Events (and senders) remembered per tree as first come over no edge of ours."""
+_STRAY_COPIES = 3
 
 _NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune, Disconnect})
 """Messages that do not make a peer one we depend on (answers and good-byes)."""
@@ -649,7 +652,13 @@ class PulsarCore(Publishing, VersionAdoption):
             if msg.also and peer is not None and self.frags.config.enabled:
                 return self._delegated(tree, cid, msg, peer, now)
             self.metrics["duplicates"] += 1
-            return self.lazy.duplicate(msg.topic, peer, cid) or self._stale_edge(tree, peer, now)
+            out = self.lazy.duplicate(msg.topic, peer, cid)
+            if out:
+                return out
+            stray = tree.strays.pop(cid, None)
+            if stray is not None and peer in tree.parents:
+                return self._stray_copy(tree, stray, now)
+            return self._stale_edge(tree, peer, now)
         try:
             event = EventDescriptor.from_block(msg.block, cid)
         except InvalidDescriptor as exc:
@@ -714,6 +723,8 @@ class PulsarCore(Publishing, VersionAdoption):
             return out + self._accept_large(tree, event, hop, sender, now, also)
         out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
         self._match_request(tree, event, out)
+        if sender is not None and sender not in tree.parents and sender not in tree.children:
+            self._stray(tree, event.cid, sender)
         forward = Event(tree.topic.cid, event.block, hop + 1)
         eager = self._eager(tree)
         for peer in eager:
@@ -908,6 +919,31 @@ class PulsarCore(Publishing, VersionAdoption):
             return ("" if links is None else links[1], cid.raw)
 
         return max(cids, key=key)
+
+    def _stray(self, tree: Tree, cid: CID, sender: PeerId) -> None:
+        """Note an event whose first copy came over no tree edge, unless over a grafted
+        link (the lazy layer prunes those)."""
+        if sender in self.lazy.eager_extra(tree.topic.cid):
+            return
+        tree.strays[cid] = sender
+        if len(tree.strays) > _STRAYS:
+            del tree.strays[next(iter(tree.strays))]
+
+    def _stray_copy(self, tree: Tree, stray: PeerId, now: float) -> Out:
+        """Our parent's copy came second, after one from ``stray``, which is no edge of
+        ours: it holds an edge to us we do not (a LEAVE of ours lost, a child it never
+        learnt left). Its copies always come first, so the duplicates are never its own
+        and it would never be told otherwise. Told LEAVE once that happened
+        ``_STRAY_COPIES`` times, not at the first: a copy that was in flight while edges
+        changed is a coincidence, not a stale edge."""
+        counts = tree.stray_copies
+        counts[stray] = counts.get(stray, 0) + 1
+        if counts[stray] < _STRAY_COPIES:
+            if len(counts) > _STRAYS:
+                del counts[next(iter(counts))]
+            return []
+        del counts[stray]
+        return self._stale_edge(tree, stray, now)
 
     def _remember(self, tree: Tree, cid: CID) -> None:
         tree.seen[cid] = None

@@ -91,6 +91,10 @@ class Tree:
     """The tree began with a JOIN through us, not a subscription of ours."""
     stale_told: dict[PeerId, float] = field(default_factory=dict)
     """Peers told LEAVE for pushing over an edge we do not hold, and when."""
+    strays: dict[CID, PeerId] = field(default_factory=dict)
+    """Recent events whose first copy came over no edge of ours, by sender."""
+    stray_copies: dict[PeerId, int] = field(default_factory=dict)
+    """Peers whose first copies our parent's copy followed, and how often."""
 
     def neighbours(self) -> set[PeerId]:
         return self.parents | self.children

@@ -223,10 +223,11 @@ def test_a_duplicate_over_an_edge_we_do_not_hold_is_answered_with_leave_once() -
     assert core.metrics["stale_edges"] == 2
 
 
-def test_an_event_is_not_pushed_back_to_its_publisher() -> None:
-    """An author's event that reached a member over another path first (a grafted or
-    stale link) is not pushed up to its parent when that parent is the author: the
-    author made it, the copy would be a duplicate."""
+def test_a_stale_edge_whose_copies_come_first_is_told_leave() -> None:
+    """An author's event that reached a member over another path first is not pushed up
+    to its parent when that parent is the author: the author made it. A peer whose
+    copies always come first over an edge the member does not hold is told LEAVE: the
+    duplicates are the tree's, so nothing else would tell it."""
     author = Identity.from_seed(b"\x01" * 32)
     member = Identity.from_seed(b"\x02" * 32)
     topic = _topic(author)
@@ -240,6 +241,15 @@ def test_an_event_is_not_pushed_back_to_its_publisher() -> None:
     out = core.handle(ev.Received(other, Event(topic.cid, event.block, 1)), 1.0)
     pushed = {o.peer for o in out if isinstance(o, ev.Send) and isinstance(o.message, Event)}
     assert pushed == {child}
+    # ``other`` holds an edge to us we do not: its copies come first, our parent's are
+    # the duplicates. The third time, it is told LEAVE.
+    assert core.handle(ev.Received(parent, Event(topic.cid, event.block, 1)), 1.1) == []
+    for i, now in enumerate((2.0, 3.0)):
+        event = EventDescriptor.create(author, topic.cid, b"y%d" % i, parent=event.cid,
+                                       now=now)
+        core.handle(ev.Received(other, Event(topic.cid, event.block, 1)), now)
+        out = core.handle(ev.Received(parent, Event(topic.cid, event.block, 1)), now + 0.1)
+    assert out == [ev.Send(other, Leave(topic.cid))]
 
 
 def test_a_joined_from_a_peer_that_is_not_our_parent_is_answered_with_leave() -> None:
