@@ -64,10 +64,19 @@ def _sent(nodes: list[Node]) -> tuple[int, int]:
 
 
 async def _attached(node: Node, topics: list[CID], timeout: float) -> bool:
+    """Poll until every tree of ``topics`` is attached. Only the trees not seen attached
+    yet are looked at again, and a poll stops at the first that is not: building a view
+    of all 20,000 trees every 50 ms was a sixth of the process's CPU during a restart,
+    inflating the restart time and loop stall this measures."""
     deadline = time.monotonic() + timeout
+    waiting = list(topics)
     while time.monotonic() < deadline:
-        views = [node.tree(t) for t in topics]
-        if all(v is not None and v.attached for v in views):
+        while waiting:
+            view = node.tree(waiting[-1])
+            if view is None or not view.attached:
+                break
+            waiting.pop()
+        if not waiting:
             return True
         await asyncio.sleep(0.05)  # polling interval
     return False
