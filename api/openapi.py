@@ -242,10 +242,12 @@ def openapi_document() -> dict[str, Any]:
     topic = _json(_ref("Topic"), "a topic version")
     paths: dict[str, Any] = {
         "/v1/topics": {"post": _op("Create a topic (and its meta topic)", {
-            "201": topic}, body={**topic_settings, "required": ["name"]}, auth=True)},
+            "201": topic, "507": _PROBLEM}, body={**topic_settings, "required": ["name"]},
+            auth=True)},
         "/v1/topics/{cid}": {
             "get": _op("A topic descriptor", {"200": topic}, params=[_PATH_CID]),
-            "patch": _op("Publish a new version of the topic (author only)", {"200": topic},
+            "patch": _op("Publish a new version of the topic (author only)",
+                         {"200": topic, "507": _PROBLEM},
                          params=[_PATH_CID], body={**topic_settings, "minProperties": 1},
                          auth=True),
         },
@@ -253,7 +255,8 @@ def openapi_document() -> dict[str, Any]:
             "200": _json({"type": "object", "properties": {"versions": {
                 "type": "array", "items": _ref("Topic")}}}, "versions")}, params=[_PATH_CID])},
         "/v1/topics/{cid}/events": {
-            "post": _raw_upload(_op("Publish an event", {"201": event}, params=[_PATH_CID],
+            "post": _raw_upload(_op("Publish an event", {"201": event, "507": _PROBLEM},
+                                    params=[_PATH_CID],
                                     body=_ref("PublishRequest"), auth=True)),
             "get": _op("History from the delivery log", {
                 "200": {"description": "a page, NDJSON, or the bulk format",

@@ -38,6 +38,9 @@ PROBLEM_TYPES: dict[str, str] = {
     "unsupported-media-type": "The body must be application/json",
     "unavailable": "The node is not serving (stopping)",
     "not-persisted": "Too few DHT nodes stored it; it was not published",
+    "not-recorded": "Stored and sent, but no heads record names it yet; not acknowledged",
+    "storage-full": "The node's disk cannot take the write; nothing was published",
+    "replay-incomplete": "The history could not be read whole from the network",
     "internal": "Internal error",
 }
 """Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""
@@ -46,12 +49,18 @@ PROBLEM_TYPES: dict[str, str] = {
 class Problem(Exception):
     """Raised by handlers: becomes a problem document with this status and type."""
 
-    def __init__(self, status: int, kind: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, kind: str, detail: str, *, retry_after: int | None = None,
+        **extra: Any,
+    ) -> None:
         assert kind in PROBLEM_TYPES, kind
         super().__init__(detail)
         self.status = status
         self.kind = kind
         self.detail = detail
+        self.retry_after = retry_after
+        """Seconds after which the same request may succeed (``Retry-After``); None when
+        retrying cannot help."""
         self.extra = extra
 
 
@@ -84,6 +93,8 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return await handler(request)
     except Problem as problem:
         headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+        if problem.retry_after is not None:
+            headers = {**(headers or {}), "Retry-After": str(problem.retry_after)}
         return problem_response(
             problem.status, problem.kind, problem.detail, headers=headers, **problem.extra
         )

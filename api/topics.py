@@ -9,7 +9,15 @@ from aiohttp import web
 
 from dag import CID, EventDescriptor, EventLinking, TopicDescriptor, check_content_type
 from dag.errors import SchemaError
-from pulsar import EventNotFound, Node, NotPersisted, PayloadTooLarge, PublishError
+from pulsar import (
+    EventNotFound,
+    Node,
+    NotPersisted,
+    NotRecorded,
+    PayloadTooLarge,
+    PublishError,
+    StorageFull,
+)
 
 from .common import (
     check_fields,
@@ -89,7 +97,9 @@ async def create_topic(request: web.Request) -> web.Response:
     try:
         topic = await node_of(request).create_topic(name, **settings)
     except NotPersisted as exc:
-        raise Problem(503, "not-persisted", str(exc)) from None
+        raise _unpersisted(exc) from None
+    except StorageFull as exc:
+        raise Problem(507, "storage-full", str(exc), retry_after=RETRY_AFTER) from None
     except (ValueError, TypeError) as exc:
         raise Problem(400, "invalid-field", str(exc)) from None
     return json_response(topic_json(topic), status=201,
@@ -117,7 +127,9 @@ async def update_topic(request: web.Request) -> web.Response:
     try:
         new = await node_of(request).update_topic(topic.cid, **settings)
     except NotPersisted as exc:
-        raise Problem(503, "not-persisted", str(exc)) from None
+        raise _unpersisted(exc) from None
+    except StorageFull as exc:
+        raise Problem(507, "storage-full", str(exc), retry_after=RETRY_AFTER) from None
     except PublishError as exc:
         raise Problem(403, "publish-refused", str(exc)) from None
     except (ValueError, TypeError) as exc:
@@ -191,7 +203,9 @@ async def publish(request: web.Request) -> web.Response:
         event = await node.publish(topic.cid, payload, parent=parent_cid,
                                    content_type=content_type)
     except NotPersisted as exc:
-        raise Problem(503, "not-persisted", str(exc)) from None
+        raise _unpersisted(exc) from None
+    except StorageFull as exc:
+        raise Problem(507, "storage-full", str(exc), retry_after=RETRY_AFTER) from None
     except PayloadTooLarge as exc:
         raise Problem(413, "payload-too-large", str(exc)) from None
     except PublishError as exc:
@@ -229,3 +243,19 @@ async def get_event(request: web.Request) -> web.Response:
     except EventNotFound as exc:
         raise Problem(404, "event-not-found", str(exc)) from None
     return json_response(await event_view(node, event))
+
+
+RETRY_AFTER = 5
+"""Seconds a client is told to wait before it tries again a write the DHT did not take:
+the node's contacts are re-probed and re-found within about that (docs/operations.md)."""
+
+
+def _unpersisted(exc: NotPersisted) -> Problem:
+    """``503`` with ``Retry-After``: the network, not the request, is at fault. A publish
+    whose event went out but whose heads record was not stored is *indeterminate* (it may
+    still be delivered): ``not-recorded`` says so, so a client does not count it as
+    refused."""
+    if isinstance(exc, NotRecorded):
+        return Problem(503, "not-recorded", str(exc), retry_after=RETRY_AFTER,
+                       indeterminate=True)
+    return Problem(503, "not-persisted", str(exc), retry_after=RETRY_AFTER, indeterminate=False)

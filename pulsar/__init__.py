@@ -17,8 +17,10 @@ if TYPE_CHECKING:
         LogEntry,
         Node,
         NotPersisted,
+        NotRecorded,
         PayloadTooLarge,
         PublishError,
+        StorageFull,
         TopicNotFound,
     )
     from .runtime.subscription import Subscription
@@ -29,8 +31,10 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NotPersisted",
+    "NotRecorded",
     "PayloadTooLarge",
     "PublishError",
+    "StorageFull",
     "Subscription",
     "TopicNotFound",
 ]
@@ -41,8 +45,10 @@ _WHERE = {
     "LogEntry": ".node",
     "Node": ".node",
     "NotPersisted": ".node",
+    "NotRecorded": ".node",
     "PayloadTooLarge": ".node",
     "PublishError": ".node",
+    "StorageFull": ".node",
     "TopicNotFound": ".node",
     "Subscription": ".runtime.subscription",
 }

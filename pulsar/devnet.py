@@ -9,6 +9,7 @@ from typing import Any
 
 from .config import NodeConfig
 from .node import Node
+from .proto.config import LONE_NODE, CoreConfig
 
 __all__ = ["Devnet"]
 
@@ -25,10 +26,15 @@ class Devnet:
         self.nodes: list[Node] = []
 
     async def start(self, progress: Any = None) -> list[Node]:
+        # A devnet of one is alone on purpose: nobody else can store its blocks, so its
+        # acknowledgements mean "committed to this node's disk" (min_acks 0,
+        # docs/operations.md), where any larger devnet needs one other DHT node.
+        core = LONE_NODE if self.count == 1 else CoreConfig()
         for i in range(self.count):
             port = self.base_port + i if self.base_port else 0
             seeds = tuple(n.address for n in self.nodes[-3:])
-            config = NodeConfig(data_dir=self.data_dir / f"node-{i}", port=port, bootstrap=seeds)
+            config = NodeConfig(data_dir=self.data_dir / f"node-{i}", port=port, bootstrap=seeds,
+                                core=core)
             self.nodes.append(await Node.start(config))
             if progress is not None:
                 progress(i + 1, self.count)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -52,8 +53,8 @@ from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 
 __all__ = [
-    "EventNotFound", "LogEntry", "Node", "NotPersisted", "PayloadTooLarge", "PublishError",
-    "TopicNotFound",
+    "EventNotFound", "LogEntry", "Node", "NotPersisted", "NotRecorded", "PayloadTooLarge",
+    "PublishError", "StorageFull", "TopicNotFound",
 ]
 
 log = logging.getLogger("pulsar.node")
@@ -67,6 +68,10 @@ OUTBOX_PER_TOPIC = 64
 """Own published events kept per tree until delivered here. A tree this node only relays
 never delivers, so its outbox is a window of the newest: by the time 64 later publishes
 went out, HEADS ticks have long told the neighbours of the older ones."""
+MIN_FREE_BYTES = 8 * 1024 * 1024
+"""A publish or topic creation is refused while the data directory has less free."""
+FLUSH_RETRY = 1.0
+"""Seconds before writes that failed (a full disk) are tried again."""
 LOCATE_MISS_FOR = 60.0
 """Seconds a peer the DHT could not locate is not looked for again."""
 
@@ -78,6 +83,18 @@ class PublishError(RuntimeError):
 class NotPersisted(PublishError):
     """Fewer DHT nodes than ``min_acks`` stored the event (or topic): it was not published.
     The network, not the caller, is at fault; trying again later may succeed."""
+
+
+class NotRecorded(NotPersisted):
+    """The event was stored and sent on, but no heads record naming it reached
+    ``min_acks`` DHT nodes: it may still be delivered (an indeterminate outcome), yet a
+    reader of the topic's CID alone might not find it, so the publish is not
+    acknowledged."""
+
+
+class StorageFull(PublishError):
+    """The node's disk cannot take the write (full, or writes are failing): refused
+    before anything was stored or sent. Retry once space is freed."""
 
 
 class PayloadTooLarge(PublishError, ValueError):
@@ -151,6 +168,9 @@ class Node:
         """This node's published events not delivered here yet, per tree, as in the store's
         outbox (newest last, at most ``OUTBOX_PER_TOPIC`` per tree)."""
         self._flush_scheduled = False
+        self._retry_armed = False
+        self.storage_failures = 0
+        """Flushes to SQLite that failed (and were retried): a full disk, an I/O error."""
         self._stopped = False
         self._to_resume: dict[CID, None] = {}
         self._locating: dict[PeerId, asyncio.Task[tuple[str, int] | None]] = {}
@@ -262,6 +282,22 @@ class Node:
         self._flush()
         self.store.close()
 
+    def _check_disk(self) -> None:
+        """Refuse new work before anything is stored or sent when the data directory
+        cannot take it: earlier writes are still failing, or less than
+        ``MIN_FREE_BYTES`` is free. A refused publish is a clean failure; one that
+        started and then could not be committed would be indeterminate."""
+        free: int | None
+        try:
+            free = shutil.disk_usage(self.config.data_dir).free
+        except OSError:
+            free = None
+        if self._retry_armed or (free is not None and free < MIN_FREE_BYTES):
+            raise StorageFull(
+                f"the node's data directory {self.config.data_dir} cannot take more "
+                f"({'writes are failing' if self._retry_armed else f'{free} bytes free'}); "
+                "nothing was published: free disk space, then try again")
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -310,6 +346,7 @@ class Node:
         """Counters of the core, the repair layers and this runtime (for the API and tests):
         delivered, duplicates, grafts, prunes, backfilled, gaps_open, gaps_reported, ..."""
         return {**self.core.counters(), "rejected_frames": self.rejections,
+                "storage_failures": self.storage_failures,
                 "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames}
 
     # ------------------------------------------------------------------ topics
@@ -327,6 +364,7 @@ class Node:
         topic linking it; store both in the DHT; join both trees as their root. Raises
         :class:`PublishError` if the DHT did not acknowledge them (``min_acks``) and
         ``ValueError`` for settings the schema refuses."""
+        self._check_disk()
         peers = _peers(allowed_publishers)
         request = next(self._requests)
         topic: TopicDescriptor = await self._command(
@@ -696,6 +734,7 @@ class Node:
                 "(core.fragments.max_event_size)"
             )
         check_content_type(content_type)
+        self._check_disk()
         first, later = await self._lineage(topic_cid)
         await self._resume_pending(first.cid)
         if self.core.tree(first.cid) is None:
@@ -836,8 +875,8 @@ class Node:
                 case ev.CommandFailed():
                     future = self._waiting.get(out.request)
                     if future is not None and not future.done():
-                        error = {"invalid": ValueError, "unpersisted": NotPersisted}.get(
-                            out.kind, PublishError)
+                        error = {"invalid": ValueError, "unpersisted": NotPersisted,
+                                 "unrecorded": NotRecorded}.get(out.kind, PublishError)
                         future.set_exception(error(out.reason))
                 case ev.Rejected():
                     self.rejections += 1
@@ -938,42 +977,67 @@ class Node:
     def _flush(self) -> None:
         """Write the blocks, delivery-log entries and outbox rows of this loop iteration:
         one transaction each instead of one per event (measured: ~165 us per single-event
-        log append). Then acknowledge the publishes whose writes these were."""
+        log append). Then acknowledge the publishes whose writes these were.
+
+        A write that fails (a full disk, an I/O error) loses nothing: what it held is kept
+        and written again ``FLUSH_RETRY`` later, and the publishes waiting on it are not
+        acknowledged meanwhile (they fail if the node stops first)."""
         self._flush_scheduled = False
         logged: dict[CID, list[CID]] = {}
+        failure: Exception | None = None
         if self._pending_blocks:
             items = list(self._pending_blocks.items())
-            self._pending_blocks.clear()
             try:
                 self.store.put_many(items, pinned=True)
-            except Exception:
-                log.exception("could not store %d blocks", len(items))
-        if self._pending_log:
-            pending = logged = self._pending_log
+            except Exception as exc:
+                log.error("could not store %d blocks (kept, retried): %s", len(items), exc)
+                failure = exc
+            else:
+                for cid, _ in items:
+                    self._pending_blocks.pop(cid, None)
+        if self._pending_log and failure is None:
+            pending = self._pending_log
             self._pending_log = {}
             now = time.time()
             for topic, cids in pending.items():
                 try:
                     self.store.log_append(topic, cids, now)
-                    grew = self._log_grew.get(topic)
-                    if grew is not None:
-                        grew.set()
                     # The heads let a restarted node ask only for what it missed.
                     self.store.set_heads(topic, self.core.heads(topic))
-                except Exception:
-                    log.exception("could not log %d deliveries", len(cids))
-                else:
-                    self._outbox_delivered(topic, cids)
-        if self._pending_kept:
+                except Exception as exc:
+                    log.error("could not log %d deliveries (kept, retried): %s", len(cids), exc)
+                    failure = exc
+                    self._pending_log.setdefault(topic, [])[:0] = cids
+                    continue
+                logged[topic] = cids
+                grew = self._log_grew.get(topic)
+                if grew is not None:
+                    grew.set()
+                self._outbox_delivered(topic, cids)
+        if self._pending_kept and failure is None:
             kept, self._pending_kept = self._pending_kept, []
             try:
                 self._keep_published(kept, logged)
-            except Exception:
-                log.exception("could not keep %d published events", len(kept))
+            except Exception as exc:
+                log.error("could not keep %d published events (kept, retried): %s",
+                          len(kept), exc)
+                failure = exc
+                self._pending_kept[:0] = kept
+        if failure is not None:
+            self.storage_failures += 1
+            if not self._retry_armed and not self._stopped:
+                self._retry_armed = True
+                self._loop.call_later(FLUSH_RETRY, self._retry_flush)
+            return  # nothing is acknowledged on writes that did not happen
         if self._pending_acks:
             acks, self._pending_acks = self._pending_acks, []
             for request, value in acks:
                 self._resolve(request, value)
+
+    def _retry_flush(self) -> None:
+        self._retry_armed = False
+        if not self._stopped:
+            self._flush()
 
     def _keep_published(
         self, kept: list[tuple[CID, CID]], logged: dict[CID, list[CID]]
@@ -1043,10 +1107,14 @@ class Node:
         # itself stopping (three teardowns in the suite took 3 s instead of 1). The other
         # replicas' STOREs are on the wire by the first acknowledgement.
         quorum = None if self.config.wait_all_replicas else max(1, self.config.core.min_acks)
+        acks = 0
         try:
-            await self.dht.put_record(record, quorum=quorum)
-        except Exception as exc:  # the next record (next publish) tries again
+            acks = await self.dht.put_record(record, quorum=quorum)
+        except Exception as exc:  # the core writes it again (or fails the publishes)
             log.info("heads record of %s not stored: %s", record.topic, exc)
+        if not self._stopped:
+            self._apply(self.core.handle(ev.RecordStored(record.topic, record.seq, acks),
+                                         time.time()))
 
     async def _fetch_records(self, topic: CID, publishers: tuple[PeerId, ...]) -> None:
         """The heads records of ``topic`` by ``publishers``, looked up concurrently; the

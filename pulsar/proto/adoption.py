@@ -8,19 +8,24 @@
 * **Adoption**: versions named by meta events, heads records, restarts and events are
   fetched when unknown, registered only if their lineage holds, and adopted when they are
   the latest; events that named an unknown version wait for it (bounded) and are judged
-  once it is known.
+  once it is known — those that came down the tree and those that backfill fetched (a
+  DHT block, a BLOCKS answer): judged at once, a backfilled one would be refused for
+  good and the walk back would end there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
+from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor, cid_of
+from dag.codec import decode_fast
+from dag.errors import CodecError
 
 from . import events as ev
 from .events import Out
 from .messages import Event
 from .parts import CoreParts
+from .repair_messages import Blocks
 from .topics import build_topic, build_version
 
 __all__ = ["VersionAdoption"]
@@ -37,10 +42,32 @@ class TopicJob:
     failed: bool = False
 
 
+Backfilled = ev.BlockFetched | ev.Received
+"""What backfill fetched, waiting for the topic version an event in it names: a DHT
+block (``BlockFetched``) or a neighbour's ``BLOCKS`` answer (``Received``)."""
+
+
+def event_version(block: bytes) -> tuple[CID, CID | None] | None:
+    """``(topic version, parent)`` of an event block, read without checking anything else
+    (the backfill layer verifies the block in full); None when it is not shaped like an
+    event."""
+    try:
+        wire = decode_fast(block)
+        if not isinstance(wire, dict) or "publisher" not in wire or "payload" not in wire:
+            return None
+        topic, parent = wire["topic"], wire["parent"]
+        if not isinstance(topic, bytes) or not (parent is None or isinstance(parent, bytes)):
+            return None
+        return CID(topic), None if parent is None else CID(parent)
+    except (CodecError, KeyError, TypeError, ValueError):
+        return None
+
+
 class VersionAdoption(CoreParts):
     """The topic-command and version-adoption part of the core."""
 
     _topic_jobs: dict[CID, TopicJob]
+    _parked_backfill: dict[CID, list[Backfilled]]
 
     def _on_create(self, cmd: ev.CreateTopic, now: float) -> Out:
         try:
@@ -114,10 +141,10 @@ class VersionAdoption(CoreParts):
         added = self.versions.add(topic)
         out: Out = []
         if added.refused is not None:
-            out += self._version_gone(topic.cid, added.refused)
+            out += self._version_gone(topic.cid, added.refused, now)
             return out
         if added.missing is not None:
-            return self._fetch_version(added.missing)
+            return self._fetch_version(added.missing, now)
         for version in added.registered:
             first = self.versions.first_of(version.cid)
             assert first is not None
@@ -130,25 +157,25 @@ class VersionAdoption(CoreParts):
             out += self._version_resolved(version.cid, now)
         return out
 
-    def _fetch_version(self, cid: CID) -> Out:
+    def _fetch_version(self, cid: CID, now: float) -> Out:
         if cid in self._version_fetches or self.versions.get(cid) is not None:
             return []
         if len(self._version_fetches) >= self.config.parked_limit:
-            return self._version_gone(cid, "too many topic versions being fetched")
+            return self._version_gone(cid, "too many topic versions being fetched", now)
         self._version_fetches.add(cid)
         return [ev.Fetch(cid)]
 
     def _version_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
         self._version_fetches.discard(cid)
         if block is None:
-            return self._version_gone(cid, "topic version not found")
+            return self._version_gone(cid, "topic version not found", now)
         try:
             topic = TopicDescriptor.from_block(block, cid)
         except InvalidDescriptor as exc:
-            return self._version_gone(cid, f"invalid topic version: {exc}")
+            return self._version_gone(cid, f"invalid topic version: {exc}", now)
         return [ev.StoreLocal(cid, block), *self._add_version(topic, now)]
 
-    def _version_gone(self, cid: CID, reason: str) -> Out:
+    def _version_gone(self, cid: CID, reason: str, now: float) -> Out:
         """``cid`` (a version or a parent some versions wait for) will not register: drop
         what waited on it, and stop waiting for it before publishing."""
         out: Out = []
@@ -156,8 +183,8 @@ class VersionAdoption(CoreParts):
         for waiting in list(self.versions.waiting_on(cid)):
             gone += self.versions.drop_orphan(waiting)
         for version in dict.fromkeys(gone):
-            out += self._drop_parked(version, reason)
-            out += self._version_resolved(version, 0.0)
+            out += self._drop_parked(version, reason, now)
+            out += self._version_resolved(version, now)
         return out
 
     def _version_resolved(self, cid: CID, now: float) -> Out:
@@ -166,6 +193,7 @@ class VersionAdoption(CoreParts):
             tree = self._trees.get(topic)
             if tree is not None and cid in tree.sync_waiting:
                 tree.sync_waiting.discard(cid)
+                out += self._learn_record_heads(tree, now)
                 out += self._maybe_synced(tree, now)
         return out
 
@@ -183,14 +211,14 @@ class VersionAdoption(CoreParts):
         block = self._lookup(cid)
         if block is not None:
             return self._version_fetched(cid, block, now)
-        return self._fetch_version(cid)
+        return self._fetch_version(cid, now)
 
-    def _park(self, version: CID, peer: PeerId | None, msg: Event) -> Out:
+    def _park(self, version: CID, peer: PeerId | None, msg: Event, now: float) -> Out:
         if self._parked_count >= self.config.parked_limit:
             return self._reject(peer, "too many events waiting for topic versions")
         self._parked_count += 1
         self._parked.setdefault(version, []).append((peer, msg))
-        return self._fetch_version(version)
+        return self._fetch_version(version, now)
 
     def _release(self, version: CID, now: float) -> Out:
         waiting = self._parked.pop(version, [])
@@ -198,12 +226,73 @@ class VersionAdoption(CoreParts):
         out: Out = []
         for peer, msg in waiting:
             out += self._on_event(peer, msg, now)
-        return out
+        return out + self._release_backfill(version, True, now)
 
-    def _drop_parked(self, version: CID, reason: str) -> Out:
+    def _drop_parked(self, version: CID, reason: str, now: float) -> Out:
         waiting = self._parked.pop(version, [])
         self._parked_count -= len(waiting)
         out: Out = []
         for peer, _ in waiting:
             out += self._reject(peer, f"{reason} ({version})")
+        return out + self._release_backfill(version, False, now)
+
+    # -- backfilled events naming a version not known yet
+
+    def _backfill_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
+        """A block backfill asked the DHT for. An event naming a topic version not known
+        yet waits for it; anything else goes to the backfill layer at once."""
+        block = fetched.block
+        if block is not None and fetched.cid.verifies(block):
+            fields = event_version(block)
+            if fields is not None and self.versions.get(fields[0]) is None:
+                return self._park_backfill(fields[0], fetched, now)
+        return self.backfill.on_fetched(fetched.cid, block, now)
+
+    def _backfill_blocks(self, received: ev.Received, now: float) -> Out:
+        """A neighbour's BLOCKS answer: it waits, whole, for the first topic version not
+        known yet that an event it would give backfill names (then for the next, if any).
+        Only the blocks backfill may take are looked at — a chain of parents from one of
+        the topic's gap frontiers — so an answer nobody asked for fetches nothing."""
+        msg = received.message
+        assert isinstance(msg, Blocks)
+        frontier = set(self.backfill.missing(msg.topic))
+        for block in msg.blocks:
+            cid = cid_of(block)
+            fields = event_version(block) if cid in frontier else None
+            if fields is None:
+                break
+            version, parent = fields
+            if self.versions.get(version) is None:
+                return self._park_backfill(version, received, now)
+            frontier = set() if parent is None else {parent}
+        return self.backfill.on_blocks(received.peer, msg, now)
+
+    def _park_backfill(self, version: CID, item: Backfilled, now: float) -> Out:
+        """Hold ``item`` until ``version`` is registered or given up on. Its gap stays
+        open meanwhile (it times out and asks again as usual); over ``parked_limit`` the
+        item is judged at once."""
+        if self._parked_count >= self.config.parked_limit:
+            return self._pass_backfill(item, now)
+        self._parked_count += 1
+        self._parked_backfill.setdefault(version, []).append(item)
+        return self._fetch_version(version, now)
+
+    def _release_backfill(self, version: CID, known: bool, now: float) -> Out:
+        """``version`` is registered (``known``: judge what waited, a BLOCKS answer
+        possibly waiting again for another version) or will not be (judge it now: the
+        events naming it are refused)."""
+        waiting = self._parked_backfill.pop(version, [])
+        self._parked_count -= len(waiting)
+        out: Out = []
+        for item in waiting:
+            if known and isinstance(item, ev.Received):
+                out += self._backfill_blocks(item, now)
+            else:
+                out += self._pass_backfill(item, now)
         return out
+
+    def _pass_backfill(self, item: Backfilled, now: float) -> Out:
+        if isinstance(item, ev.BlockFetched):
+            return self.backfill.on_fetched(item.cid, item.block, now)
+        assert isinstance(item.message, Blocks)
+        return self.backfill.on_blocks(item.peer, item.message, now)

@@ -38,7 +38,11 @@ class CoreConfig:
     """DHT nodes that must acknowledge an event (or topic) before it counts as persisted:
     the publish fails with a clear error below this and the event is not forwarded."""
     record_delay: float = 0.5
-    """After a publish, how long to gather more before writing the heads record."""
+    """How long the author gathers changes of its heads before writing its record (a
+    publish waiting for its acknowledgement has the record written at once)."""
+    record_retries: int = 3
+    """Heads-record writes retried (backing off from ``record_delay``) before the
+    publishes waiting for them fail as ``unrecorded``."""
     author_record_interval: float = 5.0
     """The author also rewrites its record when its heads change, at most this often."""
     waiting_publishes: int = 1000

@@ -164,6 +164,9 @@ class PulsarCore(Publishing, VersionAdoption):
         self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
         """Events waiting for the topic version they name, by that version's CID."""
         self._parked_count = 0
+        self._parked_backfill: dict[CID, list[ev.BlockFetched | ev.Received]] = {}
+        """Backfilled blocks and BLOCKS answers waiting for the topic version an event in
+        them names (judged before it is known, the event would be refused for good)."""
         self._version_fetches: set[CID] = set()
         self._stores = OwnStores()
         self._topic_jobs: dict[CID, TopicJob] = {}
@@ -185,6 +188,7 @@ class PulsarCore(Publishing, VersionAdoption):
             "repair_pushed": 0,
             "records_written": 0,
             "store_quorum_failed": 0,
+            "record_quorum_failed": 0,
             "stale_edges": 0,
             "relays_bypassed": 0,
         }
@@ -206,6 +210,8 @@ class PulsarCore(Publishing, VersionAdoption):
                     out = self._on_dht_stored(event, now)
                 else:
                     out = self._topic_stored(job, event, now)
+            case ev.RecordStored():
+                out = self._on_record_stored(event, now)
             case ev.RecordsFetched():
                 out = self._on_records(event, now)
             case ev.Subscribe():
@@ -461,13 +467,20 @@ class PulsarCore(Publishing, VersionAdoption):
         tree = self._trees.pop(cmd.topic, None)
         if tree is None:
             return []
+        out0: Out = [
+            ev.CommandFailed(w.request, "unsubscribed before the heads record naming the "
+                             "event was stored: it may still be delivered", kind="unrecorded")
+            for w in [*tree.record_waiters,
+                      *(tree.record_writing[1] if tree.record_writing else [])]
+        ]
         self.lazy.stop(cmd.topic)
         self.backfill.close(cmd.topic)
         self.frags.close(cmd.topic)
         leave = Leave(cmd.topic)
         # Children are told too: they route a new JOIN around us, so the subtree never
         # hangs off a node that no longer forwards.
-        out: Out = [ev.Send(peer, leave) for peer in sorted(tree.neighbours(), key=bytes)]
+        out: Out = [*out0,
+                    *(ev.Send(peer, leave) for peer in sorted(tree.neighbours(), key=bytes))]
         for request in tree.requests.values():
             out.append(ev.CommandFailed(request, "unsubscribed before the event arrived"))
         for waiting in tree.waiting:
@@ -501,7 +514,7 @@ class PulsarCore(Publishing, VersionAdoption):
             case Want():
                 return self.backfill.on_want(peer, message, now)
             case Blocks():
-                return self.backfill.on_blocks(peer, message, now)
+                return self._backfill_blocks(ev.Received(peer, message), now)
             case Joined():
                 return self._on_joined(peer, message, now)
             case Heads():
@@ -635,6 +648,8 @@ class PulsarCore(Publishing, VersionAdoption):
             return []
         if tree.requests or self._stores.busy(tree.topic.cid):
             return []
+        if tree.record_waiters or tree.record_writing is not None:
+            return []  # publishes of ours wait for this tree's heads record
         del self._trees[tree.topic.cid]
         self.lazy.stop(tree.topic.cid)
         self.backfill.close(tree.topic.cid)
@@ -664,7 +679,7 @@ class PulsarCore(Publishing, VersionAdoption):
         except InvalidDescriptor as exc:
             return self._reject(peer, f"event {cid}: {exc}")
         if self.versions.get(event.topic) is None:
-            return self._park(event.topic, peer, msg)
+            return self._park(event.topic, peer, msg, now)
         problem = self._judge(tree, event)
         if problem is not None:
             return self._reject(peer, problem)
@@ -861,7 +876,7 @@ class PulsarCore(Publishing, VersionAdoption):
         if self.frags.fetching(cid):
             out += self.frags.on_fetched(cid, block, now)
         if self.backfill.fetching(cid):
-            out += self.backfill.on_fetched(cid, block, now)
+            out += self._backfill_fetched(fetched, now)
         if block is not None and not cid.verifies(block):
             block = None
         if cid in self._version_fetches:

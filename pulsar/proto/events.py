@@ -46,6 +46,7 @@ __all__ = [
     "CreateTopic",
     "Deliver",
     "DhtStored",
+    "RecordStored",
     "Fetch",
     "FetchRecords",
     "Flush",
@@ -154,6 +155,17 @@ class DhtStored:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordStored:
+    """Result of a ``StoreRecord``: how many DHT nodes acknowledged the record of
+    ``topic`` with sequence number ``seq`` (0 when nobody did, or a holder had a newer
+    one). Publishes wait for it: see ``Publishing`` (acknowledged = recorded)."""
+
+    topic: CID
+    seq: int
+    acks: int
+
+
+@dataclass(frozen=True, slots=True)
 class RecordsFetched:
     """Result of a ``FetchRecords``: the valid heads records found (signature and key
     checked by the driver's DHT), at most one per publisher; empty when none was found."""
@@ -255,6 +267,7 @@ InEvent = (
     | TimerFired
     | BlockFetched
     | DhtStored
+    | RecordStored
     | RecordsFetched
     | Subscribe
     | Unsubscribe
@@ -313,8 +326,8 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class StoreRecord:
-    """Put this node's signed heads record in the DHT (fire and forget: a newer one
-    follows with the next change)."""
+    """Put this node's signed heads record in the DHT; the driver answers with
+    ``RecordStored`` (publishes acknowledged by the core wait for it)."""
 
     record: HeadsRecord
 

@@ -13,7 +13,11 @@
 * **Persisted before forwarded** (:mod:`pulsar.proto.stores`): an event goes down the tree
   only once ``min_acks`` DHT nodes stored it, in chain order; otherwise the publish fails.
 * **Heads records**: after publishing, the node writes its signed heads record of the
-  topic to the DHT (debounced); the author also when its heads change.
+  topic to the DHT; the author also when its heads change (debounced).
+* **Acknowledged = recorded.** A publish is acknowledged only once its event is stored at
+  the write quorum *and* a heads record naming it (or a later event of ours) is too: a
+  reader of the topic's CID finds it even if this node never runs again. One record
+  write is in flight per tree; publishes meanwhile share the next (group commit).
 """
 
 from __future__ import annotations
@@ -169,13 +173,14 @@ class Publishing(CoreParts):
             if self.versions.get(record.version) is None:
                 tree.sync_waiting.add(record.version)
                 self._version_waiters.setdefault(record.version, set()).add(tree.topic.cid)
-                out += self._fetch_version(record.version)
+                out += self._fetch_version(record.version, now)
             heads += record.heads
             if newest is None or record.created > newest.created:
                 newest = record
             found += [p for p in record.peers if p not in tree.sync_asked and p != self.me]
-        if heads and tree.deliver:
-            out += self.backfill.learn_heads(tree.topic.cid, dict.fromkeys(heads), None, now)
+        if tree.deliver:
+            tree.sync_heads.update(dict.fromkeys(heads))
+        out += self._learn_record_heads(tree, now)
         if newest is not None and newest.heads and tree.hint is None:
             tree.hint = newest.heads[-1]
         more = tuple(dict.fromkeys(found))[: self.config.sync_publishers]
@@ -186,6 +191,18 @@ class Publishing(CoreParts):
             return out
         tree.records_done = True
         return out + self._maybe_synced(tree, now)
+
+    def _learn_record_heads(self, tree: Tree, now: float) -> Out:
+        """Backfill the heads the records named, once the versions they name are known
+        (fetched, or given up on). Events are judged by the latest version known when
+        they arrive: walking back from the heads before that would refuse, for good, an
+        event naming a version still being fetched — the author's events after a topic
+        update — and a revoked publisher's events, which only the version that revoked
+        it vouches for, would be judged without it."""
+        if tree.sync_waiting or not tree.sync_heads:
+            return []
+        heads, tree.sync_heads = tree.sync_heads, {}
+        return self.backfill.learn_heads(tree.topic.cid, heads, None, now)
 
     def _maybe_synced(self, tree: Tree, now: float) -> Out:
         """Synced once the records were read, the versions they name fetched, and the
@@ -259,11 +276,15 @@ class Publishing(CoreParts):
         topic_cid, event = pending.tree, pending.event
         self.metrics["published"] += 1
         out: Out = []
+        tree = self._trees.get(topic_cid)
         if pending.request is not None:
-            out.append(ev.Published(pending.request, event))
+            published = ev.Published(pending.request, event)
+            if tree is not None and self._acks_wait_for_record(tree):
+                tree.record_waiters.append(published)
+            else:
+                out.append(published)
         if pending.then is not None:
             out.append(pending.then)
-        tree = self._trees.get(topic_cid)
         if tree is None:
             return out
         self._saw_publisher(tree, event.publisher)
@@ -285,8 +306,50 @@ class Publishing(CoreParts):
         out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
         self._cover(tree, event.cid, eager, None)
         if not tree.topic.is_meta:
-            out += self._arm_record(tree, self.config.record_delay, now)
+            # A publish waiting for its acknowledgement has the record written at once
+            # (one write in flight per tree: publishes meanwhile share the next one).
+            delay = 0.0 if tree.record_waiters else self.config.record_delay
+            out += self._arm_record(tree, delay, now)
         out.append(ev.KeepPublished(topic_cid, event.cid))
+        return out
+
+    def _acks_wait_for_record(self, tree: Tree) -> bool:
+        """Whether a publish on ``tree`` is acknowledged only once a heads record naming
+        it is stored at the write quorum. Without a quorum (``min_acks`` 0, a lone node)
+        there is nobody to store it, and meta topics carry versions, not events."""
+        return self.config.min_acks > 0 and not tree.topic.is_meta
+
+    def _on_record_stored(self, stored: ev.RecordStored, now: float) -> Out:
+        """Our heads record was stored (or not): acknowledge the publishes it names, or
+        write it again; after ``record_retries`` misses in a row they fail as
+        ``unrecorded`` (stored and forwarded, but a reader of the records may not find
+        them: the caller cannot count on them)."""
+        tree = self._trees.get(stored.topic)
+        if tree is None or tree.record_writing is None or tree.record_writing[0] != stored.seq:
+            return []  # an answer overtaken by a later write (which carries its publishes)
+        waiters = tree.record_writing[1]
+        tree.record_writing = None
+        out: Out = []
+        if stored.acks >= max(1, self.config.min_acks):
+            tree.record_failures = 0
+            out += waiters
+        elif waiters:
+            tree.record_failures += 1
+            if tree.record_failures <= self.config.record_retries:
+                tree.record_waiters[:0] = waiters
+                backoff = self.config.record_delay * 2 ** (tree.record_failures - 1)
+                tree.record_again = False
+                return out + self._arm_record(tree, backoff, now)
+            tree.record_failures = 0
+            self.metrics["record_quorum_failed"] += 1
+            reason = self._quorum_reason(stored.acks, "heads record").replace(
+                "not published", "the event may still be delivered, but this publish is "
+                "not acknowledged")
+            out += [ev.CommandFailed(w.request, reason, kind="unrecorded") for w in waiters]
+        if tree.record_waiters or tree.record_again:
+            tree.record_again = False
+            delay = 0.0 if tree.record_waiters else self.config.record_delay
+            out += self._arm_record(tree, delay, now)
         return out
 
     def _large_blocks(self, event: EventDescriptor) -> list[tuple[CID, bytes]] | None:
@@ -323,14 +386,22 @@ class Publishing(CoreParts):
         """Write every heads record armed but not written yet (the node is stopping)."""
         out: Out = []
         for tree in self._trees.values():
-            if tree.record_due is not None:
-                out += self._write_record(tree, RecordTimer(tree.topic.cid, tree.record_due), now)
+            if tree.record_due is not None or tree.record_again:
+                due = tree.record_due if tree.record_due is not None else now
+                tree.record_due = due
+                out += self._write_record(tree, RecordTimer(tree.topic.cid, due), now,
+                                          force=True)
         return out
 
-    def _write_record(self, tree: Tree, timer: RecordTimer, now: float) -> Out:
+    def _write_record(
+        self, tree: Tree, timer: RecordTimer, now: float, *, force: bool = False
+    ) -> Out:
         if timer.due != tree.record_due:
             return []  # overtaken: an earlier timer wrote the record already
         tree.record_due = None
+        if tree.record_writing is not None and not force:
+            tree.record_again = True  # written when the one in flight is answered
+            return []
         latest = self.versions.latest(tree.topic.cid)
         if latest is None:
             return []
@@ -350,6 +421,12 @@ class Publishing(CoreParts):
             now=now,
         )
         self.metrics["records_written"] += 1
+        waiters = tree.record_waiters
+        if tree.record_writing is not None:  # forced (stopping): this one carries all
+            waiters = tree.record_writing[1] + waiters
+        tree.record_waiters = []
+        tree.record_again = False
+        tree.record_writing = (tree.record_seq, waiters)
         return [ev.StoreRecord(record)]
 
     def _saw_publisher(self, tree: Tree, publisher: PeerId) -> None:

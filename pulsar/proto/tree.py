@@ -78,11 +78,26 @@ class Tree:
     sync_asked: set[PeerId] = field(default_factory=set)
     sync_waiting: set[CID] = field(default_factory=set)
     """Topic versions named by records, still being fetched."""
+    sync_heads: dict[CID, None] = field(default_factory=dict)
+    """Heads named by records, backfilled only once ``sync_waiting`` is empty: an event
+    is judged by the latest version, so the walk must not start before the versions the
+    records name are known (an event naming a version not known yet is refused, and a
+    revoked publisher's events are vouched for only by the version that revoked it)."""
     records_done: bool = False
     waiting: list[ev.Publish | tuple[PeerId, RequestToPublish]] = field(default_factory=list)
     record_due: float | None = None
     """When the armed heads-record timer fires (None: none armed)."""
     record_seq: int = 0
+    record_waiters: list[ev.Published] = field(default_factory=list)
+    """Our publishes forwarded but not acknowledged yet: they wait for a heads record
+    that names them (or a later event) to be stored at the write quorum."""
+    record_writing: tuple[int, list[ev.Published]] | None = None
+    """The heads record being written (its sequence number) and the publishes it will
+    acknowledge; one write at a time per tree, so later publishes share the next one."""
+    record_failures: int = 0
+    """Consecutive heads-record writes that missed the write quorum."""
+    record_again: bool = False
+    """A record write was due while one was in flight: write when it is answered."""
     publishers: OrderedDict[PeerId, None] = field(default_factory=OrderedDict)
     """Publishers seen lately (named in our heads record, for discovery)."""
     recorded_publishers: frozenset[PeerId] = frozenset()

@@ -59,13 +59,20 @@ class SimDht:
         self.misses += 1
         return None
 
-    def put_record(self, record: HeadsRecord, usable: Callable[[PeerId], bool]) -> None:
+    def put_record(
+        self, record: HeadsRecord, usable: Callable[[PeerId], bool]
+    ) -> list[PeerId]:
+        """Store on the closest usable nodes; returns those that took it (a holder of a
+        newer record of the same key refuses, as a real one does)."""
         key = int.from_bytes(hashlib.sha1(record.key).digest(), "big")
+        took: list[PeerId] = []
         for peer in self.holders(key, usable):
             held = self.records.setdefault(peer, {})
             old = held.get(record.key)
             if old is None or old.seq < record.seq:
                 held[record.key] = record
+                took.append(peer)
+        return took
 
     def get_record(self, key: bytes, usable: Callable[[PeerId], bool]) -> HeadsRecord | None:
         """The newest copy among the reachable closest holders."""

@@ -374,7 +374,10 @@ class SimNetwork:
                             self.stats.copies += 1
                     self.input(node.peer_id, ev.BlockFetched(out.cid, found), 2 * self.latency)
                 case ev.StoreRecord():
-                    self.dht.put_record(out.record, self._usable_from(node))
+                    took = self.dht.put_record(out.record, self._usable_from(node))
+                    self.input(node.peer_id,
+                               ev.RecordStored(out.record.topic, out.record.seq, len(took)),
+                               self._round_trip(node, took))
                 case ev.FetchRecords():
                     usable = self._usable_from(node)
                     records = tuple(
@@ -415,6 +418,10 @@ class SimNetwork:
         node.log.add((out.topic, event.cid))
         node.hops.append(out.hop)
         node.outbox.get(out.topic, {}).pop(event.cid, None)
+        if event.publisher == node.peer_id:
+            # Latency counts from when the event went out (its publisher delivers it then),
+            # not from the acknowledgement, which waits for the heads record as well.
+            self.stats.published_at.setdefault(event.cid, self.now)
         published = self.stats.published_at.get(event.cid)
         if event.publisher != node.peer_id:
             stats = self.stats

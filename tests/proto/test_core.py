@@ -17,6 +17,7 @@ from pulsar.proto.plumtree import ShuffleTimer
 from pulsar.proto.repair_messages import Heads, Joined
 from pulsar.proto.timers import JoinTimeout, RecordTimer, RetryParent
 from pulsar.sim import SimNetwork, SimNode
+from tests.helpers.records import record_written
 
 
 class StaticRouting:
@@ -158,16 +159,24 @@ def test_publish_stores_in_the_dht_before_forwarding() -> None:
     stored = out[0]
     out = core.handle(ev.DhtStored(stored.cid, 3), 1.1)
     kinds = [type(o) for o in out]
-    assert kinds[:3] == [ev.Published, ev.Deliver, ev.Send]
-    # The heads record's debounce, the node's heads tick (the topic's heads changed) and
-    # its shuffle tick (the topic carries events and lacks lazy links).
-    timers = {type(o.timer) for o in out[3:] if isinstance(o, ev.SetTimer)}
-    assert timers == {RecordTimer, HeadsTick, ShuffleTimer} and len(out) == 7
+    # Stored: delivered here and sent down the tree, but not acknowledged yet.
+    assert kinds[:2] == [ev.Deliver, ev.Send] and ev.Published not in kinds
+    # The heads record (at once: a publish waits for it), the node's heads tick (the
+    # topic's heads changed) and its shuffle tick (events and no lazy links yet).
+    timers = {type(o.timer) for o in out[2:] if isinstance(o, ev.SetTimer)}
+    assert timers == {RecordTimer, HeadsTick, ShuffleTimer} and len(out) == 6
     # Kept (durably, before the publish is acknowledged) until delivered here.
     assert ev.KeepPublished(topic.cid, stored.cid) in out
-    assert ev.SetTimer(0.5, RecordTimer(topic.cid, 1.6)) in out  # the heads record follows
-    send = out[2]
+    assert ev.SetTimer(0.0, RecordTimer(topic.cid, 1.1)) in out
+    send = out[1]
     assert send.peer == child and send.message == Event(topic.cid, stored.block, 1)
+    # The record names the event; stored at the quorum, the publish is acknowledged.
+    out = core.handle(ev.TimerFired(RecordTimer(topic.cid, 1.1)), 1.1)
+    (write,) = [o for o in out if isinstance(o, ev.StoreRecord)]
+    assert stored.cid in write.record.heads
+    out = core.handle(ev.RecordStored(topic.cid, write.record.seq, 3), 1.2)
+    assert [o for o in out if isinstance(o, ev.Published)] == [
+        ev.Published(7, EventDescriptor.from_block(stored.block))]
 
 
 def test_a_publisher_forwards_its_chain_in_order_whatever_order_the_stores_finish() -> None:
@@ -192,7 +201,10 @@ def test_a_publisher_forwards_its_chain_in_order_whatever_order_the_stores_finis
     # The third completes the chain, releasing the fourth behind it.
     out = _step(core, ev.DhtStored(stores[2].cid, 1), 5.3)
     assert sent(out) == [stores[2].cid, stores[3].cid]
-    assert [o.request for o in out if isinstance(o, ev.Published)] == [2, 3]
+    # Acknowledged once the heads record naming them is stored, in one write.
+    assert core._trees[topic.cid].record_due == 5.2  # armed by the first two, at once
+    out = record_written(core, [ev.SetTimer(0.0, RecordTimer(topic.cid, 5.2))], 5.4)
+    assert [o.request for o in out if isinstance(o, ev.Published)] == [0, 1, 2, 3]
 
 
 def test_forged_event_is_rejected_and_not_forwarded() -> None:

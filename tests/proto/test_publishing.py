@@ -8,10 +8,11 @@ from typing import Any
 from dag import CID, EventDescriptor, EventLinking, Identity, PeerId, PublishRule, TopicDescriptor
 from dag.records import HeadsRecord
 from pulsar.proto import events as ev
-from pulsar.proto.core import PulsarCore
+from pulsar.proto.core import CoreConfig, PulsarCore
 from pulsar.proto.messages import Event, Join
 from pulsar.proto.repair_messages import Joined, Want
 from pulsar.proto.timers import RecordTimer
+from tests.helpers.records import record_written
 
 
 class NoRouting:
@@ -55,7 +56,8 @@ def _publish(core: PulsarCore, topic: CID, payload: bytes, request: int, now: fl
     (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic, payload, None, request), now))
     if blocks is not None:
         blocks[store.cid] = store.block
-    return core.handle(ev.DhtStored(store.cid, acks), now + 0.01)
+    return record_written(core, core.handle(ev.DhtStored(store.cid, acks), now + 0.01),
+                          now + 0.01)
 
 
 def test_an_event_not_acknowledged_by_enough_dht_nodes_is_neither_published_nor_sent() -> None:
@@ -156,17 +158,22 @@ def test_publishing_writes_a_heads_record_with_the_latest_version() -> None:
     meta, topic = _topic()
     blocks: dict[CID, bytes] = {}
     core = _author(meta, topic, blocks)
-    out = _publish(core, topic.cid, b"a", 1, 11.0, blocks=blocks)
-    timer = RecordTimer(topic.cid, 11.51)
-    assert ev.SetTimer(0.5, timer) in out
-    (published,) = [o.event for o in out if isinstance(o, ev.Published)]
-    (stored,) = core.handle(ev.TimerFired(timer), 11.51)
+    (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"a", None, 1), 11.0))
+    blocks[store.cid] = store.block
+    out = core.handle(ev.DhtStored(store.cid, 1), 11.01)
+    # Not acknowledged yet: the record naming it is written at once, then the publish.
+    assert _of(ev.Published, out) == []
+    timer = RecordTimer(topic.cid, 11.01)
+    assert ev.SetTimer(0.0, timer) in out
+    (stored,) = core.handle(ev.TimerFired(timer), 11.01)
     assert isinstance(stored, ev.StoreRecord)
     record = stored.record
     assert (record.topic, record.publisher, record.version) == (topic.cid, AUTHOR.peer_id,
                                                                topic.cid)
-    assert record.heads == (published.cid,) and record.seq >= 11_500
-    assert core.handle(ev.TimerFired(timer), 11.52) == []  # written: that timer is spent
+    assert record.heads == (store.cid,) and record.seq >= 11_010
+    assert core.handle(ev.TimerFired(timer), 11.02) == []  # written: that timer is spent
+    out = core.handle(ev.RecordStored(topic.cid, record.seq, 1), 11.03)
+    assert [o.event.cid for o in _of(ev.Published, out)] == [store.cid]
     # A new version is written at once, overtaking a slower write already armed.
     _publish(core, topic.cid, b"b", 2, 11.6, blocks=blocks)
     out = core.handle(ev.UpdateTopic(3, topic.cid), 11.62)
@@ -212,11 +219,74 @@ def test_a_stopping_node_writes_the_heads_record_it_had_armed() -> None:
     meta, topic = _topic()
     blocks: dict[CID, bytes] = {}
     core = _author(meta, topic, blocks)
-    (published,) = [o.event for o in _publish(core, topic.cid, b"last", 1, 11.0, blocks=blocks)
-                    if isinstance(o, ev.Published)]
-    (stored,) = core.handle(ev.Flush(), 11.1)  # before the 0.5 s timer
-    assert isinstance(stored, ev.StoreRecord) and stored.record.heads == (published.cid,)
+    (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"last", None, 1), 11.0))
+    core.handle(ev.DhtStored(store.cid, 1), 11.01)
+    (stored,) = core.handle(ev.Flush(), 11.01)  # before the armed timer fired
+    assert isinstance(stored, ev.StoreRecord) and stored.record.heads == (store.cid,)
     assert core.handle(ev.Flush(), 11.2) == []  # nothing left armed
+    out = core.handle(ev.RecordStored(topic.cid, stored.record.seq, 1), 11.3)
+    assert [o.request for o in _of(ev.Published, out)] == [1]
+
+
+def _stored(core: PulsarCore, topic: CID, payload: bytes, request: int, now: float) -> CID:
+    """Publish and answer the event's DHT store: forwarded, waiting for its record."""
+    (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic, payload, None, request), now))
+    core.handle(ev.DhtStored(store.cid, 1), now)
+    return store.cid
+
+
+def _write(core: PulsarCore, topic: CID, now: float) -> HeadsRecord:
+    (stored,) = _of(ev.StoreRecord, core.handle(
+        ev.TimerFired(RecordTimer(topic, core._trees[topic].record_due or 0.0)), now))
+    return stored.record
+
+
+def test_publishes_during_a_record_write_share_the_next_one() -> None:
+    meta, topic = _topic()
+    core = _author(meta, topic, {})
+    first = _stored(core, topic.cid, b"1", 1, 11.0)
+    one = _write(core, topic.cid, 11.0)
+    second = _stored(core, topic.cid, b"2", 2, 11.1)
+    third = _stored(core, topic.cid, b"3", 3, 11.2)
+    # One write in flight per tree: the timer armed meanwhile writes nothing yet.
+    assert core.handle(ev.TimerFired(RecordTimer(topic.cid, 11.1)), 11.2) == []
+    out = core.handle(ev.RecordStored(topic.cid, one.seq, 2), 11.3)
+    assert [o.request for o in _of(ev.Published, out)] == [1]
+    two = _write(core, topic.cid, 11.3)
+    assert third in two.heads and first not in two.heads and second not in two.heads
+    out = core.handle(ev.RecordStored(topic.cid, two.seq, 2), 11.4)
+    assert [o.request for o in _of(ev.Published, out)] == [2, 3]
+    assert core._trees[topic.cid].record_due is None  # nothing more to write
+
+
+def test_a_record_that_misses_the_quorum_is_written_again_then_the_publish_fails() -> None:
+    meta, topic = _topic()
+    core = _author(meta, topic, {})
+    _stored(core, topic.cid, b"x", 1, 11.0)
+    now = 11.0
+    for attempt in range(core.config.record_retries):
+        record = _write(core, topic.cid, now)
+        out = core.handle(ev.RecordStored(topic.cid, record.seq, 0), now)
+        (again,) = [o for o in out if isinstance(o, ev.SetTimer)]
+        assert again.delay == core.config.record_delay * 2 ** attempt  # backing off
+        assert _of(ev.Published, out) == [] and _of(ev.CommandFailed, out) == []
+        now += again.delay
+    record = _write(core, topic.cid, now)
+    out = core.handle(ev.RecordStored(topic.cid, record.seq, 0), now)
+    (failed,) = _of(ev.CommandFailed, out)
+    assert failed.request == 1 and failed.kind == "unrecorded"
+    assert "may still be delivered" in failed.reason
+    assert core.counters()["record_quorum_failed"] == 1
+
+
+def test_a_lone_node_acknowledges_without_a_record() -> None:
+    meta, topic = _topic()
+    core = PulsarCore(AUTHOR, NoRouting(), CoreConfig(min_acks=0), lookup={}.get)
+    core.handle(ev.Subscribe(meta, True, 0.0), 10.0)
+    core.handle(ev.Subscribe(topic, True, 0.0), 10.0)
+    (store,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"x", None, 1), 11.0))
+    out = core.handle(ev.DhtStored(store.cid, 0), 11.01)
+    assert [o.request for o in _of(ev.Published, out)] == [1]
 
 
 def test_a_walk_started_on_the_dht_moves_to_a_neighbour_that_names_the_same_head() -> None:

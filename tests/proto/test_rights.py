@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from dag import CID, EventDescriptor, Identity, PeerId, PublishRule, TopicDescriptor
+from dag.records import HeadsRecord
 from pulsar.proto import events as ev
 from pulsar.proto.core import PulsarCore
 from pulsar.proto.messages import Event
-from pulsar.proto.repair_messages import Blocks, Heads, Want
+from pulsar.proto.repair_messages import Blocks, Heads, Joined, Want
 
 
 class NoRouting:
@@ -188,3 +189,126 @@ def test_a_version_announced_before_the_node_subscribed_is_adopted_from_meta_his
     assert _delivered(out) == [announcement.cid] and ev.Fetch(v2.cid) in out
     core.handle(ev.BlockFetched(v2.cid, v2.block), 3001.2)
     assert core.latest(v1.cid) == v2
+
+
+def test_a_replay_subscriber_walks_back_only_once_it_knows_the_versions_the_records_name(
+) -> None:
+    """Issue #28: the records name the renamed version (the author's) and the first one
+    (Bob's, revoked since). Backfilled at once, the author's newest event — naming a
+    version still being fetched — was refused for good, and its ancestors never fetched;
+    and Bob's older event, reached once the versions were known, was refused as not
+    vouched for (its child had been admitted before the version vouching for it)."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    b1 = _event(BOB, v1, b"b1", now=1100.0)
+    b2 = _event(BOB, v1, b"b2", parent=b1.cid, now=1200.0)
+    v2 = _version(v1, [b2.cid], allowed_publishers=[])
+    a1 = _event(AUTHOR, v2, b"a1", parent=b2.cid, now=2100.0)
+    a2 = _event(AUTHOR, v2, b"a2", parent=a1.cid, now=2200.0)
+    v3 = TopicDescriptor.create(AUTHOR, "t, renamed", meta=meta.cid, parent=v2.cid,
+                                heads=[a2.cid], allowed_publishers=[], now=2300.0)
+    core = _reader(meta, v1)
+    records = (
+        HeadsRecord.create(AUTHOR, v1.cid, 2, v3.cid, (a2.cid,), (BOB.peer_id,), now=2300.0),
+        HeadsRecord.create(BOB, v1.cid, 1, v1.cid, (b2.cid,), now=1200.0),
+    )
+    out = core.handle(ev.RecordsFetched(v1.cid, records), 3000.1)
+    fetches = [o.cid for o in out if isinstance(o, ev.Fetch)]
+    assert fetches == [v3.cid]  # the version first: no event is fetched yet
+    out = core.handle(ev.BlockFetched(v3.cid, v3.block), 3000.2)
+    assert [o.cid for o in out if isinstance(o, ev.Fetch)] == [v2.cid]
+    out = core.handle(ev.BlockFetched(v2.cid, v2.block), 3000.3)
+    assert core.latest(v1.cid) == v3
+    assert {o.cid for o in out if isinstance(o, ev.Fetch)} == {a2.cid, b2.cid}
+    delivered: list[CID] = []
+    for event in (b2, a2, b1, a1):  # the DHT answers in any order
+        out = core.handle(ev.BlockFetched(event.cid, event.block), 3000.4)
+        assert _rejected(out) == []
+        delivered += _delivered(out)
+    assert delivered == [b1.cid, b2.cid, a1.cid, a2.cid]
+
+
+def test_a_backfilled_event_naming_a_version_not_known_yet_waits_for_it() -> None:
+    """A neighbour names a head published under a version this node has not fetched yet
+    (the meta topic's announcement is still on its way): the event waits for the version
+    instead of being refused for good, and so do the blocks the DHT returns."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    v2 = _version(v1, [], allowed_publishers=[])
+    e1 = _event(AUTHOR, v2, b"1", now=2100.0)
+    e2 = _event(AUTHOR, v2, b"2", parent=e1.cid, now=2200.0)
+    core = _reader(meta, v1)
+    out = core.handle(ev.Received(CAROL.peer_id, Heads(v1.cid, (e2.cid,))), 3001.0)
+    (want,) = [o.message for o in out if isinstance(o, ev.Send) and isinstance(o.message, Want)]
+    assert want.head == e2.cid
+    out = core.handle(ev.Received(CAROL.peer_id, Blocks(v1.cid, e2.cid, (e2.block,))), 3001.1)
+    assert _rejected(out) == [] and ev.Fetch(v2.cid) in out
+    out = core.handle(ev.BlockFetched(v2.cid, v2.block), 3001.2)
+    assert _rejected(out) == [] and core.latest(v1.cid) == v2
+    (want,) = [o.message for o in out if isinstance(o, ev.Send) and isinstance(o.message, Want)]
+    assert want.head == e1.cid  # the walk goes on
+    out = core.handle(ev.Received(CAROL.peer_id, Blocks(v1.cid, e1.cid, (e1.block,))), 3001.3)
+    assert _delivered(out) == [e1.cid, e2.cid]
+
+
+def test_a_backfilled_event_naming_a_version_nobody_has_is_refused() -> None:
+    meta, v1 = _topic()
+    nowhere = _version(v1, [])
+    event = _event(AUTHOR, nowhere, b"under a version that is nowhere", now=2100.0)
+    core = _reader(meta, v1)
+    # Nobody asked for it: nothing is fetched (a peer cannot make us fetch what it likes).
+    unasked = core.handle(
+        ev.Received(CAROL.peer_id, Blocks(v1.cid, event.cid, (event.block,))), 3000.5
+    )
+    assert not any(isinstance(o, ev.Fetch) for o in unasked)
+    core.handle(ev.Received(CAROL.peer_id, Heads(v1.cid, (event.cid,))), 3001.0)
+    out = core.handle(
+        ev.Received(CAROL.peer_id, Blocks(v1.cid, event.cid, (event.block,))), 3001.1
+    )
+    assert ev.Fetch(nowhere.cid) in out and _rejected(out) == []
+    out = core.handle(ev.BlockFetched(nowhere.cid, None), 3001.2)
+    assert _delivered(out) == [] and any("not a valid event" in r for r in _rejected(out))
+
+
+def test_a_head_from_the_dht_naming_a_version_not_found_yet_waits_for_it() -> None:
+    """The version a record names was not found at first (the walk then starts without
+    it): the event fetched from the DHT that names it waits while it is fetched again."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    v2 = _version(v1, [], allowed_publishers=[])
+    e1 = _event(AUTHOR, v2, b"1", now=2100.0)
+    e2 = _event(AUTHOR, v2, b"2", parent=e1.cid, now=2200.0)
+    core = _reader(meta, v1)
+    record = HeadsRecord.create(AUTHOR, v1.cid, 1, v2.cid, (e2.cid,), now=2200.0)
+    out = core.handle(ev.RecordsFetched(v1.cid, (record,)), 3000.1)
+    assert [o.cid for o in out if isinstance(o, ev.Fetch)] == [v2.cid]
+    out = core.handle(ev.BlockFetched(v2.cid, None), 3000.2)
+    assert [o.cid for o in out if isinstance(o, ev.Fetch)] == [e2.cid]
+    out = core.handle(ev.BlockFetched(e2.cid, e2.block), 3000.3)
+    assert _rejected(out) == [] and [o.cid for o in out if isinstance(o, ev.Fetch)] == [v2.cid]
+    out = core.handle(ev.BlockFetched(v2.cid, v2.block), 3000.4)
+    assert _rejected(out) == [] and [o.cid for o in out if isinstance(o, ev.Fetch)] == [e1.cid]
+    out = core.handle(ev.BlockFetched(e1.cid, e1.block), 3000.5)
+    assert _delivered(out) == [e1.cid, e2.cid]
+
+
+class _OnePeer:
+    def __init__(self, peer: PeerId) -> None:
+        self.peer = peer
+
+    def closest_peers(self, key: bytes, count: int) -> list[PeerId]:
+        return [self.peer]
+
+
+def test_a_publish_waiting_for_a_version_that_is_not_found_is_made_with_the_clock() -> None:
+    """The version a record names is not found: the publish that waited for it goes on,
+    created now (it was created at the epoch: the wait ended with time 0)."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    missing = _version(v1, [], allowed_publishers=[BOB.peer_id])
+    bob = PulsarCore(BOB, _OnePeer(AUTHOR.peer_id), lookup={meta.cid: meta.block}.get)
+    bob.handle(ev.Subscribe(v1, False), 2000.0)
+    bob.handle(ev.Received(AUTHOR.peer_id, Joined(v1.cid, ())), 2000.1)
+    (fetch,) = bob.handle(ev.Publish(v1.cid, b"hello", None, 1), 2000.2)
+    assert isinstance(fetch, ev.FetchRecords)
+    record = HeadsRecord.create(AUTHOR, v1.cid, 1, missing.cid, (), now=1700.0)
+    assert ev.Fetch(missing.cid) in bob.handle(ev.RecordsFetched(v1.cid, (record,)), 2000.3)
+    out = bob.handle(ev.BlockFetched(missing.cid, None), 2000.4)
+    (store,) = [o for o in out if isinstance(o, ev.StoreDht)]
+    assert abs(EventDescriptor.from_block(store.block).created_at - 2000.4) < 0.001
