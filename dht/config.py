@@ -43,6 +43,34 @@ class DhtConfig:
     ``rpc_timeout``. Without this, every lookup after a crash waits out the dead nodes that
     other peers still list; any datagram from the address ends the quarantine early.
     0 turns it off."""
+    contact_failures: int = 3
+    """Unanswered RPCs in a row after which a contact is *stale*. A miss counts only if the
+    RPC was sent after the previous miss was noticed (a burst of RPCs lost to the same
+    outage is one miss), and any answer from the address starts the count again. After
+    a first miss the contact is PINGed at once, then again after each further miss, so a
+    node that crashed is stale ``contact_failures`` x ``rpc_timeout`` after its first
+    silence, while one behind a lossy link (3 % of datagrams lost: about 6 % of RPCs)
+    goes stale with a probability of about 0.06^3 per lost RPC. A stale contact is
+    removed from the routing table unless it is one of the last ``keep_contacts``
+    (Kademlia section 4.1: flag, do not void the table when one's own link is down).
+    The package removed a contact at its first unanswered RPC."""
+    keep_contacts: int = 4
+    """The routing table's floor: a stale contact is not removed while the table holds no
+    more than this many contacts. It stays as a way back into the network — PINGed with
+    backoff, asked nothing else, handed to nobody, left out of ``closest_known_peers`` —
+    until it answers or a live contact takes its place."""
+    min_contacts: int = 8
+    """While fewer live (not stale) contacts than this are known, the node looks for
+    more: it re-PINGs, with backoff, the addresses it remembers (contacts it had,
+    bootstrap seeds, addresses offered with :meth:`dht.node.DhtNode.offer_contact`) and
+    walks toward its own id through those that answer — a bootstrap retry, also for a
+    node started without seeds. 0 turns it off."""
+    reconnect_interval: float = 10.0
+    """Longest wait between two PINGs of a stale contact kept as one of the last, and of a
+    remembered address while the node has no live contact (backoff from 1 s, doubling);
+    remembered addresses wait up to ten times this while some contact is live. After a
+    partition heals, a node that lost every contact finds its way back within about
+    this plus ``rpc_timeout``."""
     get_timeout: float = 30.0
     """Upper bound for one :meth:`DhtNode.get`; past it the block is reported not found."""
     put_concurrency: int = 64
@@ -120,6 +148,11 @@ class DhtConfig:
     def __post_init__(self) -> None:
         if self.ksize < 1 or self.alpha < 1 or self.put_concurrency < 1 or self.replicas < 1:
             raise ValueError("ksize, replicas, alpha and put_concurrency must be positive")
+        if self.contact_failures < 1 or self.keep_contacts < 0 or self.min_contacts < 0:
+            raise ValueError("contact_failures must be positive, keep_contacts and "
+                             "min_contacts not negative")
+        if self.reconnect_interval <= 0:
+            raise ValueError("reconnect_interval must be positive")
         if self.silent_for < 0 or self.stall_after < 0:
             raise ValueError("silent_for and stall_after must not be negative")
         if self.rpc_timeout <= 0 or self.get_timeout <= 0:

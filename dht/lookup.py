@@ -251,7 +251,7 @@ class _Walk:
                         wake = due if wake is None else min(wake, due)
                 for node in self._candidates()[: max(0, self._alpha - active)]:
                     self._asked.add(node.id)
-                    task = self._protocol.spawn(_awaited(query(node, keynode)))
+                    task = self._protocol.spawn(_awaited(query, node, keynode))
                     if task is None:  # the protocol is closing
                         return
                     in_flight[task] = (node, now)
@@ -264,7 +264,9 @@ class _Walk:
                                              return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
                     node, started = in_flight.pop(future)
-                    ok, data = future.result()
+                    # A query cancelled under us (the node is stopping) is no answer; its
+                    # CancelledError is not ours to raise: this walk was not cancelled.
+                    ok, data = (False, None) if future.cancelled() else future.result()
                     if not ok:
                         self._dead.add(node.id)
                         continue
@@ -274,7 +276,8 @@ class _Walk:
                     yield node, data
         finally:
             # A stalled query is left to finish: its silence (or late answer) is what
-            # takes a dead contact out of the routing table. The others are not needed.
+            # counts against a dead contact (a miss: ``contact_failures`` in a row take it
+            # out of the routing table). The others are not needed.
             for future, (node, _started) in in_flight.items():
                 if node.id not in self._stalled:
                     future.cancel()
@@ -285,8 +288,10 @@ class _Walk:
         return len(self._ever_stalled)
 
 
-async def _awaited(query: Awaitable[Any]) -> Any:
-    return await query
+async def _awaited(query: Query, node: Node, target: Node) -> Any:
+    # The query's coroutine is made inside the task: a task refused by a closing protocol
+    # leaves no coroutine behind that was never awaited.
+    return await query(node, target)
 
 
 class NodeLookup(_Walk):

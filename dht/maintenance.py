@@ -74,7 +74,7 @@ class Maintainer:
         self._clock = clock
         self._new_contacts: list[Node] = []
         self._handoff_running = False
-        self._joining = False
+        self._joining = 0  # bootstraps (and reconnect rounds) under way
         protocol.on_new_contact = self.contact_added
 
     def start(self) -> None:
@@ -148,15 +148,18 @@ class Maintainer:
         nodes new to it, so they get no hand-off. A restarted node met every contact anew
         and pushed them each record they were closer to than itself, which they already
         held: under churn that was every STORE_BATCH byte (12 MiB in the 100-node churn
-        scenario, all from restarted nodes)."""
-        self._joining = True
+        scenario, all from restarted nodes). Calls nest: each is ended by one
+        :meth:`joined`."""
+        self._joining += 1
 
     def joined(self) -> None:
         """Our bootstrap ended: from now on a contact we meet is new to the network. The
         records we put while nobody else was reachable (a lone node's puts), which the
         network we joined cannot have, are pushed to their closest nodes in the
         background."""
-        self._joining = False
+        self._joining = max(0, self._joining - 1)
+        if self._joining:
+            return
         if self._replicator.unplaced and any(True for _ in self._protocol.router.contacts()):
             self._protocol.spawn(self._place_unplaced())
 

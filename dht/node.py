@@ -13,6 +13,7 @@ random, so the id a peer routes by is tied to the key it proves in the transport
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import socket
@@ -35,6 +36,7 @@ from .keys import check_block_size, check_fetchable, dht_key, parse_record
 from .lookup import NeighbourhoodCache, find_closest, find_value
 from .maintenance import Maintainer, MaintenanceReport
 from .peers import Contact, HasKademliaId, PeerBook, kademlia_key
+from .reconnect import Reconnector
 from .records import find_record
 from .replication import PutResult, Replicator
 from .server import PulsarServer
@@ -70,8 +72,10 @@ class DhtNode:
         self._replicator = Replicator(self._protocol, config, server.stats, self._cache)
         self._maintainer = Maintainer(self._protocol, self._storage, self._replicator, config,
                                       server.stats)
+        self._reconnector = Reconnector(self._protocol, self._maintainer, config, server.stats)
         self._prover: PeerProver | None = None
         self._stopped = False
+        self._stopping: asyncio.Future[None] | None = None
         self._identify_tried: dict[tuple[str, int], float] = {}
         self._protocol.on_over_quota = self._prove_heavy_source
 
@@ -113,6 +117,7 @@ class DhtNode:
         try:
             await node.bootstrap(bootstrap)
             node._maintainer.start()
+            node._reconnector.start()
         except BaseException:
             await node.stop()
             raise
@@ -122,14 +127,26 @@ class DhtNode:
 
     async def stop(self) -> None:
         """Stop answering, cancel background work, close the socket (and the store if this
-        node opened it). Safe to call twice."""
-        if self._stopped:
+        node opened it). Safe to call twice, also concurrently (the second call returns
+        once the first is done).
+
+        Nothing of the node is left pending: its background tasks are cancelled and
+        awaited, every RPC still out is answered "no answer", and the stores still queued
+        are settled as unacknowledged, so a ``put`` that was waiting for them returns (with
+        the acknowledgements it got) instead of waiting forever."""
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
             return
         self._stopped = True
-        await self._server.aclose()
-        self._storage.close()  # commit what was received (unacknowledged) before the stop
-        if self._owns_store:
-            self._store.close()
+        self._stopping = asyncio.get_running_loop().create_future()
+        try:
+            await self._server.aclose()
+            self._replicator.close()
+            self._storage.close()  # commit what was received (unacknowledged) before the stop
+            if self._owns_store:
+                self._store.close()
+        finally:
+            self._stopping.set_result(None)
 
     async def __aenter__(self) -> Self:
         return self
@@ -183,6 +200,9 @@ class DhtNode:
         the routing table holds afterwards."""
         self._check_running()
         resolved = [await _resolve(host, port) for host, port in addrs]
+        now = time.monotonic()
+        for address in resolved:  # seeds are tried again whenever the table runs thin
+            self._protocol.memory.offer(address, now)
         if resolved:
             self._maintainer.joining()
             try:
@@ -192,6 +212,32 @@ class DhtNode:
             if not found:
                 log.warning("no bootstrap peer of %s answered", resolved)
         return sum(1 for _ in self._protocol.router.contacts())
+
+    def offer_contact(self, address: tuple[str, int]) -> bool:
+        """An address where a DHT node probably listens, learned elsewhere: a peer that
+        connected over the transport (same port number for TCP and UDP), a configured seed.
+
+        It is remembered (bounded) among the addresses tried again, with backoff, whenever
+        the routing table runs thin, and PINGed now unless a contact is there already or
+        it was tried within its backoff; the node that answers (with its id, from that
+        very address) joins the routing table as any contact does. Cheap and safe to call
+        often. Returns whether a PING was sent. ``address`` must be a literal IP and a
+        port (raises ``ValueError`` otherwise: a host name would make the send resolve it,
+        blocking the event loop)."""
+        self._check_running()
+        host, port = address
+        ipaddress.ip_address(host)
+        if not 0 < port < 65536:
+            raise ValueError(f"not a port: {port}")
+        if (host, port) == self.address:
+            return False
+        return self._reconnector.offer((host, port))
+
+    def routing_size(self) -> tuple[int, int]:
+        """``(contacts, stale)``: how many contacts the routing table holds, and how many
+        of them are stale (kept as a way back into the network, asked nothing but PINGs,
+        left out of :meth:`closest_known_peers`)."""
+        return self._protocol.router.size(), self._protocol.stale_count()
 
     # -- blocks ---------------------------------------------------------------------------
 

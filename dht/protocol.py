@@ -30,6 +30,17 @@ What changes against the package, and why:
 * **New contacts** are reported through ``on_new_contact`` (the record handoff lives in
   :mod:`dht.maintenance`); the package's version of that handoff scans all storage inline,
   and computes distances to ``sha1(key)`` instead of the key.
+* **Contacts are not dropped at their first silence.** The package removed a contact as
+  soon as one RPC to it went unanswered, so on a lossy link (3 % of datagrams lost) a
+  node shed its contacts one lost datagram at a time, and a partition of a few seconds
+  emptied its table for good (nothing ever refilled it). Here an unanswered RPC is a
+  *miss* of the address; the contact is PINGed at once, and again after each miss, and
+  only ``contact_failures`` misses in a row make it *stale* (any answer starts the count
+  again). A stale contact is asked nothing but PINGs and handed to nobody; it is removed
+  unless the table holds no more than ``keep_contacts`` contacts, in which case it stays,
+  PINGed with backoff, until it answers or a live contact replaces it (Kademlia, section
+  4.1). Removed contacts are remembered (:class:`dht.addresses.AddressMemory`) for
+  :class:`dht.reconnect.Reconnector` to try again when the table runs thin.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from kademlia.protocol import KademliaProtocol
 from kademlia.routing import RoutingTable
 
 from .address_check import AddressCheck, Verdict
+from .addresses import AddressMemory
 from .config import DhtConfig
 from .peers import Contact, PeerBook, closest
 from .quota import Refusal, StoreQuota
@@ -90,6 +102,10 @@ _COUNTED = frozenset({"find_near", "find_value_near"})
 _DEPARTED_MEMORY = 10_000
 """Contacts remembered as recently gone (to recognise a restart), at most."""
 
+_PROBE_FIRST_WAIT = 1.0
+"""Seconds before the first backoff PING of a stale contact kept as one of the last (then
+doubling up to ``reconnect_interval``)."""
+
 _UNVALIDATED_OK = frozenset({"ping"})
 """Requests answered before the sender's address is proven: a PING's answer (43 bytes) is smaller
 than the PING (50), so it amplifies nothing. (STUN, whose answer is the sender's address,
@@ -102,6 +118,15 @@ class _Pending:
     timer: asyncio.TimerHandle
     address: Address
     name: str
+    sent_at: float
+
+
+@dataclass(slots=True)
+class _Misses:
+    """Unanswered RPCs in a row to one address, and when the last one was counted."""
+
+    count: int
+    last: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +159,14 @@ class _RoutingTable(RoutingTable):  # type: ignore[misc]  # kademlia is untyped
         for bucket in self.buckets:
             yield from bucket.nodes.values()
 
+    def size(self) -> int:
+        return sum(len(bucket.nodes) for bucket in self.buckets)
+
+    def known_at(self, node: Node) -> Node | None:
+        """The contact with ``node``'s id, if the table holds it (at any address)."""
+        known: Node | None = self.buckets[self.get_bucket_for(node)].nodes.get(node.id)
+        return known
+
 
 class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is untyped
     """One node's UDP endpoint. Built by :class:`dht.server.PulsarServer`."""
@@ -164,6 +197,14 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             name: OrderedDict() for name in _COUNTED}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        # consecutive unanswered RPCs per address (see ``_count_miss``)
+        self._misses: OrderedDict[Address, _Misses] = OrderedDict()
+        # stale contacts still in the table: address -> node id, and their ids
+        self._stale: dict[Address, bytes] = {}
+        self._stale_ids: set[bytes] = set()
+        self._probing: set[bytes] = set()  # node ids with a probe running (``_probe``)
+        self.memory = AddressMemory(first_retry=_PROBE_FIRST_WAIT)
+        """Addresses of contacts seen and dropped, seeds and offered addresses."""
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
                                      config.global_store_rate, config.global_store_burst)
         self._byte_limiter = KeyedLimiter(config.store_byte_rate, config.store_byte_burst,
@@ -317,6 +358,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         del self._pending[response.msg_id]
         pending.timer.cancel()
         address = (addr[0], addr[1])
+        self._heard(address)
         if pending.name == "store_batch" and len(self._batching) < _MAX_SILENT:
             self._batching.add(address)
         elif pending.name in _COUNTED and len(self._near[pending.name]) < _MAX_SILENT:
@@ -344,10 +386,11 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             ignored[address] = time.monotonic() + _NOT_NEAR_FOR
             while len(ignored) > _MAX_SILENT:
                 ignored.popitem(last=False)
-        if self.config.silent_for > 0 and (
-            (pending.name != "store_batch" or address in self._batching)
-            and (pending.name not in _COUNTED or address in self._near[pending.name])
-        ):
+        evidence = ((pending.name != "store_batch" or address in self._batching)
+                    and (pending.name not in _COUNTED or address in self._near[pending.name]))
+        if evidence:
+            self._count_miss(address, pending.sent_at)
+        if self.config.silent_for > 0 and evidence:
             now = time.monotonic()
             if len(self._silent) >= _MAX_SILENT:
                 self._silent = {a: t for a, t in self._silent.items() if t > now}
@@ -372,14 +415,17 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         if self._closed or self.transport is None:
             future.set_result((False, None))
             return future
-        if name != "ping" and self._silent and self._is_silent(address):
+        if name != "ping" and (
+            (self._silent and self._is_silent(address))
+            or (self._stale and (address[0], address[1]) in self._stale)
+        ):
             self.stats.rpcs_skipped += 1
             future.set_result((False, None))
             return future
         msg_id = os.urandom(MSG_ID_SIZE)
         datagram = encode_request(msg_id, name, args)  # ValueError if over the RPC limit
         timer = loop.call_later(self.config.rpc_timeout, self._expire, msg_id)
-        self._pending[msg_id] = _Pending(future, timer, address, name)
+        self._pending[msg_id] = _Pending(future, timer, address, name, time.monotonic())
         self.transport.sendto(datagram, address)
         self.stats.count_sent(name, len(datagram))
         return future
@@ -499,31 +545,187 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
         return self.handle_call_response((ok, ok and parse_store(data)), node_to_ask)
 
     def handle_call_response(self, result: RpcResult, node: Node) -> RpcResult:
-        """An answer keeps a contact fresh; silence removes it (unless we are the ones
-        shutting down, which is no evidence against the peer)."""
+        """An answer keeps a contact fresh; silence makes it suspect (unless we are the
+        ones shutting down, which is no evidence against the peer): see ``_suspect``."""
         if result[0]:
             self.welcome_if_new(node)
         elif not self._closed:
-            now = time.monotonic()
-            self._throttle.log(logging.INFO, "silent", now,
-                               "no response from %s, removing it from the routing table", node)
-            self.router.remove_contact(node)
-            self._departed[node.id] = now
-            self._departed.move_to_end(node.id)
-            while len(self._departed) > _DEPARTED_MEMORY:
-                self._departed.popitem(last=False)
+            self._suspect(node)
         return result
+
+    # -- contacts that stop answering ------------------------------------------------------
+
+    def _count_miss(self, address: Address, sent_at: float) -> None:
+        """An RPC sent to ``address`` at ``sent_at`` went unanswered. It counts as a new
+        miss only if it was sent after the previous miss was counted: RPCs in flight
+        together when a link goes down are one miss, not one each (a put to a node has
+        several STOREs in flight; a partition would otherwise count five misses at once)."""
+        now = time.monotonic()
+        misses = self._misses.get(address)
+        if misses is None:
+            self._misses[address] = _Misses(1, now)
+            while len(self._misses) > _MAX_SILENT:
+                old, _ = self._misses.popitem(last=False)
+                self._unmark_stale(old)
+        elif sent_at >= misses.last:
+            misses.count += 1
+            misses.last = now
+            self._misses.move_to_end(address)
+
+    def miss_count(self, address: Address) -> int:
+        """Unanswered RPCs in a row to ``address`` (0 once anything answered from there)."""
+        misses = self._misses.get((address[0], address[1]))
+        return 0 if misses is None else misses.count
+
+    def _heard(self, address: Address) -> None:
+        """``address`` answered (or a proven contact spoke from it): its misses, its
+        quarantine and its staleness are over."""
+        if self._misses:
+            self._misses.pop(address, None)
+        if self._silent:
+            self._silent.pop(address, None)
+        if self._stale and address in self._stale:
+            self._unmark_stale(address)
+            self.stats.contacts_revived += 1
+
+    def _unmark_stale(self, address: Address) -> None:
+        node_id = self._stale.pop(address, None)
+        if node_id is not None:
+            self._stale_ids.discard(node_id)
+
+    def _suspect(self, node: Node) -> None:
+        """An RPC to the contact ``node`` went unanswered (or was not sent: its address is
+        quarantined or stale). One miss is no proof of death on a lossy link: the contact
+        is PINGed (``_probe``) until it answers or has missed ``contact_failures`` times in
+        a row; then it is stale, and removed unless it is one of the table's last
+        ``keep_contacts``."""
+        address = _address(node)
+        known = self.router.known_at(node)
+        if known is None or _address(known) != address:
+            return  # not (or no longer) a contact at that address: a lookup's stranger
+        if self.miss_count(address) == 0:
+            return  # no evidence: a stock node ignoring our RPC, or heard from since
+        if node.id not in self._probing and self.spawn(self._probe(known)) is not None:
+            self._probing.add(node.id)
+
+    async def _probe(self, node: Node) -> None:
+        """PING a suspect contact until it answers or goes stale; a stale one kept as one
+        of the table's last is PINGed on, with backoff (up to ``reconnect_interval``)."""
+        address = _address(node)
+        wait = _PROBE_FIRST_WAIT
+        try:
+            while self._still_suspect(node):
+                if self.miss_count(address) >= self.config.contact_failures:
+                    self._mark_stale(node)
+                    if self._retire(node):
+                        return
+                    # Kept as one of the table's last: PING it on, with backoff.
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, self.config.reconnect_interval)
+                    if not self._still_suspect(node):
+                        return
+                await self._ping_contact(node)
+        finally:
+            self._probing.discard(node.id)
+
+    def _still_suspect(self, node: Node) -> bool:
+        """Whether ``node`` is still a contact at its address that has missed RPCs."""
+        if self._closed:
+            return False
+        known = self.router.known_at(node)
+        return (known is not None and _address(known) == _address(node)
+                and self.miss_count(_address(node)) > 0)
+
+    async def _ping_contact(self, node: Node) -> None:
+        address = _address(node)
+        self.stats.contact_probes += 1
+        ok, data = await self.ping(address, self.source_node.id)
+        if not ok or self._closed:
+            return  # a timeout counted one more miss (``_expire``)
+        if data == node.id:
+            self.welcome_if_new(node)
+        elif isinstance(data, bytes) and len(data) == len(node.id):
+            # Someone else answers there now: our contact is gone from that address, and
+            # the one who answered (a live node, proven by this round trip) replaces it.
+            self._remove_contact(node)
+            self.welcome_if_new(Node(data, address[0], address[1]))
+
+    def _mark_stale(self, node: Node) -> None:
+        address = _address(node)
+        if address not in self._stale:
+            self.stats.contacts_stale += 1
+            self._stale[address] = node.id
+            self._stale_ids.add(node.id)
+
+    def _retire(self, node: Node) -> bool:
+        """Remove the stale contact ``node``, unless the table holds no more than
+        ``keep_contacts`` contacts: then it is kept as a way back into the network (a node
+        whose own link is down would otherwise void its table). Returns whether it is
+        gone."""
+        known = self.router.known_at(node)
+        if known is None or _address(known) != _address(node):
+            self._unmark_stale(_address(node))
+            return True
+        if self.router.size() <= self.config.keep_contacts:
+            return False
+        self._remove_contact(node)
+        return True
+
+    def _remove_contact(self, node: Node) -> None:
+        now = time.monotonic()
+        address = _address(node)
+        self._throttle.log(logging.INFO, "silent", now,
+                           "no response from %s (%d RPCs in a row), removing it from the "
+                           "routing table", node, self.miss_count(address))
+        self.router.remove_contact(node)
+        self.stats.contacts_dropped += 1
+        self._unmark_stale(address)
+        self._note_departed(node.id, now)
+        self.memory.dropped(address, node.id, now, self.config.reconnect_interval)
+
+    def _note_departed(self, node_id: bytes, now: float) -> None:
+        self._departed[node_id] = now
+        self._departed.move_to_end(node_id)
+        while len(self._departed) > _DEPARTED_MEMORY:
+            self._departed.popitem(last=False)
+
+    def _replace_stale(self) -> None:
+        """A live contact arrived: stale contacts kept as the table's last may go now, as
+        long as more than ``keep_contacts`` remain (a live one replaces a stale one)."""
+        for address, node_id in list(self._stale.items()):
+            if self.router.size() <= self.config.keep_contacts:
+                return
+            self._retire(Node(node_id, address[0], address[1]))
+
+    def stale_count(self) -> int:
+        """Stale contacts the routing table still holds."""
+        return len(self._stale)
 
     # -- handlers -------------------------------------------------------------------------
 
     def welcome_if_new(self, node: Node) -> None:
         """Note a live contact: refresh its place in its bucket (the package only adds
-        contacts it has never seen) and report it if new."""
+        contacts it has never seen) and report it if new.
+
+        A known id answering from a new address while its old address had stopped
+        answering is a node that restarted elsewhere: it is reported as a return (its old
+        entry counts as departed), as if it had been dropped before coming back."""
         if node.id == self.source_node.id:
             return  # someone claiming our id: never route to "ourselves"
+        address = _address(node)
+        self._heard(address)
         self.book.saw(node.id, node.ip, node.port, time.time())
-        new = self.router.is_new_node(node)
+        known = self.router.known_at(node)
+        new = known is None
+        if known is not None and _address(known) != address and self.miss_count(_address(known)):
+            new = True
+            self._unmark_stale(_address(known))
+            self._note_departed(node.id, time.monotonic())
         self.router.add_contact(node)
+        if new:
+            self.memory.saw(address, node.id, time.monotonic())
+            if self._stale:
+                self._replace_stale()
         if new and self.on_new_contact is not None:
             if self._returning(node.id):
                 self.stats.returns_without_handoff += 1
@@ -674,20 +876,31 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
     def closest_contacts(self, key: bytes, k: int, *, exclude: bytes | None = None
                          ) -> list[Contact]:
         """The ``k`` known contacts nearest ``key`` (exact XOR order), never ourselves."""
+        stale = self._stale_ids
         contacts = (
             self.book.contact(n.id, n.ip, n.port)
             for n in self.router.contacts()
-            if n.id != exclude and n.id != self.source_node.id
+            if n.id != exclude and n.id != self.source_node.id and n.id not in stale
         )
         return closest(key, contacts, k)
 
     def closest_nodes(self, key: bytes, k: int) -> list[Node]:
         """Like :meth:`closest_contacts`, as the package's ``Node`` objects (hot path of
-        every store and lookup: no conversion)."""
+        every store and lookup: no conversion). Stale contacts are left out."""
         target = int.from_bytes(key, "big")
         me = self.source_node.id
-        return heapq.nsmallest(k, (n for n in self.router.contacts() if n.id != me),
-                               key=lambda n: n.long_id ^ target)
+        if self._stale_ids:
+            stale = self._stale_ids
+            candidates: Iterator[Node] = (n for n in self.router.contacts()
+                                          if n.id != me and n.id not in stale)
+        else:
+            candidates = (n for n in self.router.contacts() if n.id != me)
+        return heapq.nsmallest(k, candidates, key=lambda n: n.long_id ^ target)
+
+    def live_count(self) -> int:
+        """Contacts in the routing table that are not stale."""
+        stale = self._stale_ids
+        return sum(1 for n in self.router.contacts() if n.id not in stale)
 
     # -- lifecycle ------------------------------------------------------------------------
 

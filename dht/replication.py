@@ -141,6 +141,11 @@ class StoreBatcher:
     The hot path runs on callbacks, not tasks: a STORE_BATCH is sent at flush time and its
     answer settles the items it carried. Only the rare fallback (a peer not known to answer
     STORE_BATCH, e.g. a stock ``kademlia`` node) runs as a task of plain STOREs.
+
+    Every store queued is settled exactly once, also when the node stops: once the
+    protocol is closed, what is queued or queued later is reported unacknowledged at once
+    (no flush is scheduled and no task spawned any more), so whoever waits for a put —
+    a caller's task, or a background replica's tally — is never left pending.
     """
 
     def __init__(self, protocol: PulsarProtocol, cache: NeighbourhoodCache | None = None,
@@ -191,6 +196,9 @@ class StoreBatcher:
         return quorum, everyone
 
     def _queue(self, node: Node, item: Item) -> None:
+        if self._protocol.closed:
+            item[2](False)  # the node is stopping: nothing more goes out
+            return
         dest = self._destinations.get(node.id)
         if dest is None:
             dest = self._destinations[node.id] = _Destination(node)
@@ -198,12 +206,18 @@ class StoreBatcher:
         self._schedule(dest)
 
     def _schedule(self, dest: _Destination) -> None:
+        if self._protocol.closed:
+            self._fail_queued(dest)
+            return
         if not dest.flush_scheduled and dest.in_flight < self._max_in_flight:
             dest.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush, dest)
 
     def _flush(self, dest: _Destination) -> None:
         dest.flush_scheduled = False
+        if self._protocol.closed:
+            self._fail_queued(dest)
+            return
         queue = dest.queue
         while queue and dest.in_flight < self._max_in_flight:
             batch = [queue.popleft()]
@@ -218,7 +232,8 @@ class StoreBatcher:
         protocol, node = self._protocol, dest.node
         known = node.id in self._batch_ok
         if node.id in self._no_batch or (len(batch) == 1 and not known):
-            protocol.spawn(self._send_singly(dest, batch))
+            if protocol.spawn(self._send_singly(dest, batch)) is None:
+                self._settle(dest, batch, None)  # the node is stopping
             return
         try:
             answer = protocol.store_batch((node.ip, node.port), protocol.source_node.id,
@@ -250,8 +265,10 @@ class StoreBatcher:
             queued = list(dest.queue)
             dest.queue.clear()
             self._settle(dest, batch + queued, None)
-        else:  # silent: dead, or a stock node that ignores STORE_BATCH; try plain STOREs
-            protocol.spawn(self._send_singly(dest, batch))
+        elif protocol.spawn(self._send_singly(dest, batch)) is None:
+            # silent: dead, or a stock node that ignores STORE_BATCH; plain STOREs would
+            # tell, but the node is stopping
+            self._settle(dest, batch, None)
 
     async def _send_singly(self, dest: _Destination, batch: list[Item]) -> None:
         protocol, node = self._protocol, dest.node
@@ -280,6 +297,20 @@ class StoreBatcher:
             self._schedule(dest)
         elif dest.in_flight == 0 and self._destinations.get(dest.node.id) is dest:
             del self._destinations[dest.node.id]
+
+    def _fail_queued(self, dest: _Destination) -> None:
+        """Report everything queued for ``dest`` unacknowledged (the node is stopping)."""
+        while dest.queue:
+            _, _, report = dest.queue.popleft()
+            report(False)  # may queue a spare elsewhere, which fails at once too
+        if dest.in_flight == 0 and self._destinations.get(dest.node.id) is dest:
+            del self._destinations[dest.node.id]
+
+    def close(self) -> None:
+        """The protocol is closed: settle every store still queued as unacknowledged.
+        (Batches in flight were answered "no answer" by the protocol's close.)"""
+        for dest in list(self._destinations.values()):
+            self._fail_queued(dest)
 
 
 def _remember(bounded: set[bytes], node_id: bytes) -> None:
@@ -311,6 +342,8 @@ class Replicator:
         acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
         in ``stats.background_acks`` / ``background_stores``."""
         config = self._config
+        if self._protocol.closed:  # the node is stopping: the record stays local
+            return Replicated(0, 0, True)
         found = await find_closest(self._protocol, key, ksize=config.replication,
                                    alpha=config.alpha, spares=PLACEMENT_SPARES,
                                    stats=self._stats, cache=self._cache)
@@ -333,6 +366,10 @@ class Replicator:
             self.unplaced.pop(key, None)
         elif len(self.unplaced) < MAX_UNPLACED:
             self.unplaced[key] = None
+
+    def close(self) -> None:
+        """Settle the stores still queued (see :meth:`StoreBatcher.close`)."""
+        self.batcher.close()
 
     def _count_background(self, early: int) -> Callable[[asyncio.Future[int]], None]:
         def done(everyone: asyncio.Future[int]) -> None:

@@ -53,6 +53,20 @@ class DhtStats:
     node (``dht.lookup``): dead contacts others still list, or overloaded peers."""
     rpcs_skipped: int = 0
     """RPCs failed at once because their address recently let an RPC time out."""
+    contacts_stale: int = 0
+    """Contacts that let ``contact_failures`` RPCs in a row go unanswered."""
+    contacts_dropped: int = 0
+    """Stale contacts removed from the routing table (the others were kept as the table's
+    last ``keep_contacts``, or answered again)."""
+    contacts_revived: int = 0
+    """Stale contacts that answered again (a healed partition, a lossy link)."""
+    contact_probes: int = 0
+    """PINGs sent to contacts that let an RPC go unanswered, to tell loss from death."""
+    reconnect_pings: int = 0
+    """PINGs sent to remembered or offered addresses while the table was thin, or to an
+    address offered with ``DhtNode.offer_contact``."""
+    reconnected: int = 0
+    """Of those, the ones answered (the node behind joined the routing table)."""
     republished: int = 0
     expired: int = 0
     bytes_sent: int = 0

@@ -460,6 +460,8 @@ class Node:
 
     async def _command(self, request: int, command: ev.InEvent) -> Any:
         """Hand ``command`` (carrying ``request``) to the core and wait for its outcome."""
+        if self._stopped:  # a publish that was storing its chunks while the node stopped
+            raise PublishError("node stopped")
         future: asyncio.Future[Any] = self._loop.create_future()
         self._waiting[request] = future
         self._apply(self.core.handle(command, time.time()))
@@ -828,6 +830,12 @@ class Node:
                 self.dht.record_proof(peer, host, port)
             except ValueError as exc:
                 log.warning("peer %s at %s:%d: %s", peer, host, port, exc)
+            # The DHT remembers where transport peers listen: if its routing table runs
+            # thin (a lossy link, a partition), it pings them again, with backoff.
+            try:
+                self.dht.offer_contact((host, port))
+            except ValueError as exc:  # not a literal IP and port
+                log.debug("peer %s at %s:%d not offered to the DHT: %s", peer, host, port, exc)
 
     def _on_peer_down(self, peer: PeerId) -> None:
         if not self._stopped:

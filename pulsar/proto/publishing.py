@@ -255,7 +255,7 @@ class Publishing(CoreParts):
         if tree is not None:
             tree.seen.pop(item.event.cid, None)
             if tree.last_seen == item.event.cid:
-                tree.last_seen = item.event.parent
+                tree.last_seen = self._stores.last_persisted(item.event.parent)
         reason = self._quorum_reason(acks, "event")
         out: Out = []
         if item.request is not None:

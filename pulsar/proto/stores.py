@@ -40,7 +40,8 @@ class OwnStores:
         self._early: dict[CID, Stored] = {}
         """Stored (acknowledged) before their own parent was."""
         self._after: dict[CID, list[CID]] = {}
-        self._failed: OrderedDict[CID, None] = OrderedDict()
+        self._failed: OrderedDict[CID, CID | None] = OrderedDict()
+        """Failed events of ours and their parents (bounded, oldest forgotten first)."""
         self._failed_limit = failed_limit
 
     def add(self, stored: Stored) -> None:
@@ -73,13 +74,23 @@ class OwnStores:
             queue.extend(self._early.pop(c) for c in self._after.pop(item.event.cid, ()))
         return ready, []
 
+    def last_persisted(self, cid: CID | None) -> CID | None:
+        """``cid`` or, if it failed, its nearest ancestor that did not: what LAST_SEEN may
+        link to. A failed event's parent may have failed too (its store finished later),
+        and linking to either would fail every event after it."""
+        seen: set[CID] = set()
+        while cid is not None and cid in self._failed and cid not in seen:
+            seen.add(cid)
+            cid = self._failed[cid]
+        return cid
+
     def _fail(self, first: Stored) -> list[Stored]:
         failed: list[Stored] = []
         queue = [first]
         while queue:
             item = queue.pop()
             failed.append(item)
-            self._failed[item.event.cid] = None
+            self._failed[item.event.cid] = item.event.parent
             if len(self._failed) > self._failed_limit:
                 self._failed.popitem(last=False)
             queue.extend(self._early.pop(c) for c in self._after.pop(item.event.cid, ()))

@@ -73,6 +73,25 @@ def test_an_event_not_acknowledged_by_enough_dht_nodes_is_neither_published_nor_
     assert EventDescriptor.from_block(store.block).parent is None
 
 
+def test_after_a_failed_chain_the_next_event_links_to_the_last_persisted_one() -> None:
+    """E1 fails, then E2 (linking E1, stored later) fails behind it: the next event must
+    link to E0, not to E1, or every event after an outage would fail too."""
+    meta, topic = _topic()
+    core = _author(meta, topic, {})
+    (s0,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"e0", None, 1), 11.0))
+    core.handle(ev.DhtStored(s0.cid, 1), 11.0)
+    (s1,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"e1", None, 2), 12.0))
+    (s2,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"e2", None, 3), 12.1))
+    assert EventDescriptor.from_block(s2.block).parent == s1.cid
+    core.handle(ev.DhtStored(s1.cid, 0), 13.0)  # the network is gone
+    out = core.handle(ev.DhtStored(s2.cid, 1), 13.1)  # stored, but its parent failed
+    assert [f.request for f in _of(ev.CommandFailed, out)] == [3]
+    (s3,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"e3", None, 4), 14.0))
+    assert EventDescriptor.from_block(s3.block).parent == s0.cid
+    out = core.handle(ev.DhtStored(s3.cid, 1), 14.1)
+    assert _of(ev.CommandFailed, out) == []
+
+
 def test_a_restarted_author_builds_on_its_latest_version_and_links_to_its_last_event() -> None:
     meta, topic = _topic(allowed_publishers=[BOB.peer_id])
     blocks: dict[CID, bytes] = {}
