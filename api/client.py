@@ -360,13 +360,17 @@ class PulsarcastClient:
 
     async def replay(self, topic: str, *, since: str | float | None = None,
                      until: str | float | None = None, limit: int | None = None,
+                     partial: bool = False,
                      idle_timeout: float | None = 300.0) -> AsyncGenerator[Json, None]:
         """The topic's history found from its CID alone, oldest first in causal order
         (``GET /v1/topics/{cid}/replay``): works through a node that never followed the
         topic, with every publisher offline. ``since`` (exclusive) and ``until``
         (inclusive) take an event CID or a time. The node walks the whole range before it
-        answers, hence the long default ``idle_timeout``."""
-        params = _params(since=since, until=until, limit=limit)
+        answers, hence the long default ``idle_timeout``. A history the network could not
+        give whole raises :class:`ApiError` ``replay-incomplete`` (503, retry later) unless
+        ``partial`` asks for what was found."""
+        params = _params(since=since, until=until, limit=limit,
+                         partial="true" if partial else None)
         async for event in self._ndjson(f"/v1/topics/{self._cid(topic)}/replay", params,
                                         idle_timeout):
             yield event

@@ -4,7 +4,9 @@ Unlike ``/events`` (this node's delivery log of a topic it follows), this walks 
 DAG through the DHT from the heads the publishers' heads records name, so it works on a
 node that never followed the topic, with every publisher and subscriber offline. The
 answer is NDJSON, oldest first in causal order; it is computed before the first line is
-sent (the walk must reach ``since`` before it can order), so bound it with ``since``.
+sent (the walk must reach ``since`` before it can order), so bound it with ``since``. A
+history the network could not give whole is a ``503 replay-incomplete`` (with
+``Retry-After``), never a short ``200``; ``partial=true`` asks for what was found.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import json
 from aiohttp import web
 
 from dag import CID
-from pulsar.runtime.replay import ReplayError
+from pulsar.runtime.replay import ReplayError, ReplayIncomplete
 
 from .common import node_of, query_int, topic_of
 from .history import NDJSON, ChunkedWriter, parse_time
 from .problems import Problem
-from .topics import event_view
+from .topics import RETRY_AFTER, event_view
 from .views import parse_cid
 
 __all__ = ["routes"]
@@ -47,9 +49,14 @@ async def replay(request: web.Request) -> web.StreamResponse:
     since = _point(q["since"], "since") if "since" in q else None
     until = _point(q["until"], "until") if "until" in q else None
     limit = query_int(request, "limit", None, 1, _MAX_LIMIT)
+    partial = query_bool(request, "partial")
     try:
         events = [e async for e in node.replay(topic.cid, since=since, until=until,
-                                                limit=limit)]
+                                                limit=limit, partial=partial)]
+    except ReplayIncomplete as exc:
+        raise Problem(503, "replay-incomplete", str(exc), retry_after=RETRY_AFTER,
+                      missing=len(exc.missing), found=exc.found,
+                      missing_cids=[str(c) for c in exc.missing[:16]]) from None
     except ReplayError as exc:
         raise Problem(422, "replay-too-long", str(exc)) from None
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
@@ -63,3 +70,10 @@ async def replay(request: web.Request) -> web.StreamResponse:
         return response
     await response.write_eof()
     return response
+
+
+def query_bool(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise Problem(400, "invalid-field", f"{name} must be true or false, not {raw!r}")
+    return raw in ("true", "1")

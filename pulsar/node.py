@@ -775,6 +775,7 @@ class Node:
         since: CID | float | None = None,
         until: CID | float | None = None,
         limit: int | None = None,
+        partial: bool = False,
     ) -> AsyncIterator[EventDescriptor]:
         """The topic's history, oldest first in causal order, found from its CID alone:
         the publishers' heads records in the DHT name the latest version and the heads,
@@ -782,8 +783,11 @@ class Node:
         works with every publisher and subscriber offline. ``since`` (exclusive) and
         ``until`` (inclusive) take an event CID or a time (seconds since the epoch,
         compared with the events' ``created``); the walk stops at ``since``. A one-shot
-        read: nothing is subscribed or logged."""
-        return replay_history(self, topic_cid, since=since, until=until, limit=limit)
+        read: nothing is subscribed or logged. Raises
+        :class:`~pulsar.runtime.replay.ReplayIncomplete` when part of the history could
+        not be fetched, unless ``partial`` asks for what was found."""
+        return replay_history(self, topic_cid, since=since, until=until, limit=limit,
+                              partial=partial)
 
     async def payload_of(self, event: EventDescriptor) -> bytes:
         """The event's payload, reassembling (and verifying) a chunk tree if needed: from

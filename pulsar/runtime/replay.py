@@ -13,9 +13,10 @@ breadth first with up to :data:`CONCURRENCY` fetches in flight (a parent's fetch
 as soon as its child's block arrives, before the child is verified), and stops at
 ``since`` (an event CID: that event and what precedes it; a time: events created before
 it). The events
-found are then yielded in :func:`dag.history.causal_order`, oldest first; what could not be
-fetched is reported in the log and skipped (its descendants still come, as a subscriber's
-gap report would let them).
+found are then yielded in :func:`dag.history.causal_order`, oldest first. An event that
+could not be fetched makes the replay fail with :class:`ReplayIncomplete` (a partial
+history must not look like a short one); with ``partial=True`` it is logged and skipped
+instead (its descendants still come, as a subscriber's gap report would let them).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from ..proto.versions import TopicVersions
 if TYPE_CHECKING:
     from ..node import Node
 
-__all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "replay_history"]
+__all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "ReplayIncomplete",
+           "replay_history"]
 
 log = logging.getLogger("pulsar.replay")
 
@@ -55,6 +57,18 @@ class ReplayError(RuntimeError):
     """The history could not be replayed (too long for one walk)."""
 
 
+class ReplayIncomplete(ReplayError):
+    """Part of the history could not be read from the network: events the walk needed
+    were found nowhere (``missing``), or the node reached nobody at all. A partial
+    history is never passed off as a short one; ``partial=True`` asks for what was
+    found instead. Trying again later may succeed."""
+
+    def __init__(self, reason: str, missing: list[CID], found: int) -> None:
+        super().__init__(reason)
+        self.missing = missing
+        self.found = found
+
+
 async def replay_history(
     node: Node,
     topic_cid: CID,
@@ -62,6 +76,7 @@ async def replay_history(
     since: CID | float | None = None,
     until: CID | float | None = None,
     limit: int | None = None,
+    partial: bool = False,
 ) -> AsyncIterator[EventDescriptor]:
     if limit is not None and limit < 0:
         raise ValueError("limit must be >= 0")
@@ -71,9 +86,19 @@ async def replay_history(
     for version in later:
         versions.add(version)
     heads = await _discover(node, first, versions)
+    if not heads and not partial and node.dht.routing_size()[0] == 0:
+        # No record found may mean an empty topic, or a node that reached nobody.
+        raise ReplayIncomplete("this node has no DHT contacts: the topic's heads records "
+                               "could not be read", [], 0)
     if isinstance(until, CID):
         heads = [until]
-    events = await _walk(node, first, versions, heads, since)
+    missing: list[CID] = []
+    events = await _walk(node, first, versions, heads, since, missing)
+    if missing and not partial:
+        raise ReplayIncomplete(
+            f"{len(missing)} event(s) of the history could not be fetched from the network "
+            f"(first: {missing[0]}); {len(events)} were; try again, or ask for the partial "
+            "history", missing, len(events))
     count = 0
     for event in causal_order(events):
         if isinstance(until, float | int) and event.created_at >= float(until):
@@ -138,6 +163,7 @@ async def _walk(
     versions: TopicVersions,
     heads: list[CID],
     since: CID | float | None,
+    missing: list[CID],
 ) -> list[EventDescriptor]:
     """Walk parent links back from ``heads``. A block's parent link is read (without the
     signature check) as soon as the block arrives, and its fetch starts before the block
@@ -170,6 +196,7 @@ async def _walk(
             if block is None:
                 log.warning("replay of %s: event %s not found; its ancestors are skipped",
                             first.cid, cid)
+                missing.append(cid)
                 continue
             links = event_links(block)
             if links is None:

@@ -11,8 +11,10 @@ import aiohttp
 import pytest
 
 from api import ApiServer
+from dht import BlockNotFound
 from pulsar import Node, NodeConfig, NotPersisted, StorageFull
 from pulsar.devnet import Devnet
+from pulsar.runtime.replay import ReplayIncomplete
 from tests.waiting import eventually
 
 from .conftest import Network
@@ -103,5 +105,43 @@ async def test_an_acknowledged_event_is_found_from_the_cid_after_its_publisher_d
         net.nodes.remove(author)
         replayed = [e.cid async for e in reader.replay(topic.cid)]
         assert replayed == [event.cid]
+    finally:
+        await net.close()
+
+
+async def test_a_replay_that_cannot_fetch_everything_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partial history is never passed off as a short one: the replay fails with what is
+    missing (REST 503 replay-incomplete with Retry-After) unless partial=True."""
+    net = Network(tmp_path)
+    try:
+        author, _holder, reader = await net.start(3)
+        topic = await author.create_topic("gappy")
+        first = await author.publish(topic.cid, b"one")
+        second = await author.publish(topic.cid, b"two")
+        real_get = reader.dht.get
+
+        async def get(cid: Any, **kw: Any) -> bytes:
+            if cid == first.cid:  # nobody has it any more
+                raise BlockNotFound(str(cid))
+            return await real_get(cid, **kw)
+
+        monkeypatch.setattr(reader.dht, "get", get)
+        with pytest.raises(ReplayIncomplete) as failed:
+            _ = [e async for e in reader.replay(topic.cid)]
+        assert failed.value.missing == [first.cid] and failed.value.found == 1
+        found = [e.cid async for e in reader.replay(topic.cid, partial=True)]
+        assert found == [second.cid]
+        server = await ApiServer.start(reader)
+        try:
+            async with aiohttp.ClientSession() as http, http.get(
+                f"{server.url}/v1/topics/{topic.cid}/replay") as answer:
+                problem = await answer.json(content_type=None)
+                assert answer.status == 503 and answer.headers["Retry-After"] == "5"
+                assert problem["type"].endswith("/replay-incomplete")
+                assert problem["missing_cids"] == [str(first.cid)]
+        finally:
+            await server.stop()
     finally:
         await net.close()
