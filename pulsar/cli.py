@@ -478,6 +478,15 @@ async def _subscribe(client: Any, args: argparse.Namespace) -> int:
 async def _replay(client: Any, args: argparse.Namespace) -> int:
     count = 0
     tty = sys.stderr.isatty()
+    if not args.network:
+        # The delivery log exists only for a topic the node follows; for any other topic
+        # the history is one network walk away, so take it rather than print nothing.
+        followed = {s["topic"] for s in await client.subscriptions()}
+        root = (await client.topic_versions(args.cid))[-1]["cid"]
+        if root not in followed:
+            print(f"this node does not follow {args.cid}: replaying it from the network "
+                  "(heads records and the DHT), as --network does", file=sys.stderr)
+            args.network = True
     if args.network:
         events = client.replay(args.cid, since=args.since, until=args.until, limit=args.limit)
     else:
@@ -639,6 +648,48 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    import json
+    import time
+    from pathlib import Path
+
+    from .verify.runner import run_verify
+    from .verify.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario).with_(
+            seed=args.seed, nodes=args.nodes, duration=args.duration)
+    except ScenarioError as exc:
+        print(f"pulsarcast verify: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("runs") / (
+        f"verify-{scenario.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        outcome = asyncio.run(run_verify(scenario, out, quiet=args.quiet))
+    except RuntimeError as exc:
+        print(f"pulsarcast verify: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {out / 'report.md'}", file=sys.stderr)
+    print(json.dumps(outcome.summary))
+    return 0 if outcome.summary["ok"] else 1
+
+
+def _add_verify(sub: Any) -> None:
+    verify = sub.add_parser(
+        "verify", help="check the guarantees from outside: real nodes in network namespaces, "
+        "faults made by the kernel and the OS, a client history and a checker (root)")
+    verify.add_argument("scenario", nargs="?", default=None,
+                        help="scenario file (TOML, docs/verification.md; default: built in)")
+    verify.add_argument("--seed", type=int, default=None, help="fault and workload seed")
+    verify.add_argument("--nodes", type=int, default=None, help="node processes (>= 5)")
+    verify.add_argument("--duration", type=float, default=None,
+                        help="seconds of workload under faults")
+    verify.add_argument("--out", default=None,
+                        help="run directory (default: runs/verify-<seed>-<time>)")
+    verify.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    verify.set_defaults(handler=_verify)
+
+
 def _add_report(sub: Any) -> None:
     report = sub.add_parser("report", help="QoS report of testbed runs, computed with PySpark "
                             "(Markdown, PNG plots, JSON summary)")
@@ -736,6 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_testbed(sub)
     _add_report(sub)
     _add_sim(sub)
+    _add_verify(sub)
     return parser
 
 

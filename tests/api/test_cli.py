@@ -68,6 +68,12 @@ async def test_topic_publish_and_replay(apis: list[Api], capsys: pytest.CaptureF
     code, out, _ = await run(apis[2], capsys, "replay", cid, "--network")
     network = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [e["cid"] for e in network] == [e["cid"] for e in events]
+    # Without --network, a node that does not follow the topic walks the network too,
+    # and says so, rather than print nothing.
+    code, out, err = await run(apis[2], capsys, "replay", cid)
+    assert code == 0 and [json.loads(line)["cid"] for line in out.splitlines()] == [
+        e["cid"] for e in events]
+    assert "does not follow" in err
     code, out, _ = await run(apis[2], capsys, "replay", cid, "--network",
                              "--since", events[0]["cid"])
     assert code == 0 and [json.loads(line)["cid"] for line in out.splitlines()] == [
