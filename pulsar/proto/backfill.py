@@ -34,6 +34,10 @@ BLOCKS for a WANT in flight            take blocks while each is the frontier; t
                                        the DHT; an invalid frontier block drops the gap
 WANT timeout, peer down                go to the DHT
 DHT block for the frontier             take it; fetch the next frontier
+block created before the horizon       history (settle, walk ends) if its parent is none
+                                       or history, or it ends ``horizon_confirm`` such
+                                       blocks in a row; delivered if its parent was; else
+                                       held and its parent fetched (see the horizon)
 DHT miss                               retry with back-off ``fetch_retries`` times, then
                                        stall until the gap timeout
 gap timeout                            report ``GapReported`` and deliver the held events
@@ -59,10 +63,48 @@ trade a late delivery for a permanent loss, and persistence is the point of the 
 (``settled_limit`` per topic): what falls out of it is asked of the ``is_delivered``
 callback (the runtime's durable delivery log), and the runtime can seed it on restart with
 :meth:`Backfill.open` (``heads=``, ``delivered=``) or :meth:`Backfill.mark_delivered`. A
-subscription also has a **horizon** (``since`` minus ``horizon_slack``): a backfilled
-ancestor created before it is history from before the subscription, so the walk stops
-there and the event is *settled* (treated as delivered) without being delivered. Without a
-horizon a fresh subscriber would fetch the topic's whole past before its first event.
+subscription also has a **horizon** (``since`` minus ``horizon_slack``): history from
+before the subscription is *settled* (treated as delivered) without being delivered, and
+the walk ends there. Without a horizon a fresh subscriber would fetch the topic's whole
+past before its first event.
+
+The horizon is read on the subscriber's clock, an event's ``created`` on its publisher's,
+so one event created before the horizon does not show that its chain is history: a
+publisher whose clock was stepped back for a moment (an NTP step, a resumed VM) publishes
+events that look minutes older than they are. Ending the walk at the first one lost every
+event below it that was published after the subscription (the verifier found it: a
+restarted subscriber settled such an event, never fetched its 18 ancestors, and delivered
+its child without its parent). So the walk ends only on evidence one wrong clock cannot
+give alone, and errs toward delivering:
+
+- A backfilled event created before the horizon whose parent was delivered is delivered:
+  what follows a delivered event was published after it, whatever its clock said. One
+  whose parent is history, or that has no parent, is history.
+- Otherwise it is held like any other event and its parent is fetched. The walk ends when
+  ``horizon_confirm`` events in a row (2: the event and its parent) were created before the
+  horizon: they are settled, and what waits on them is delivered. When a parent turns out
+  newer than the horizon instead (the clock went backwards along the chain), the walk goes
+  on and the held events are delivered after it, in causal order as always.
+- An event that comes down the tree created before the horizon is delivered, as before,
+  but after its parent: a missing parent is fetched like any other's (it used to be
+  delivered at once and its parent never asked for).
+- A look-ahead that cannot finish (its gap times out, is evicted or gets an invalid block)
+  ends as the horizon alone ended it before: the backfilled events older than the horizon
+  are history, the others delivered; no gap is reported and nothing is asked for again.
+
+Cost: a fresh subscriber's walk fetches one block more than it used to; the look-ahead's
+WANT carries no ``after`` and asks for just the blocks that decide (``limit``), so it is
+one round trip. A *resumed* subscription (opened with ``heads`` or ``delivered``: a
+restart) looks ``horizon_confirm_resumed`` (8) events ahead: its walks end at events it
+delivered before the restart, so only a chain that forks off older history (a CUSTOM link
+to an old event) pays for it, and a restart is when a whole skew window's events are
+backfilled at once. The limits: a run of skewed events longer than the look-ahead, or a
+skewed event with no parent, still looks like history. An event whose publisher's clock
+was *ahead* looks newer than it is, and is delivered, as it always was (a look-ahead that
+meets one delivers what is above it: events from at most that skew before the horizon,
+never a loss). The alternatives were worse: a slack of minutes makes every fresh
+subscriber fetch and deliver minutes of history, and no horizon the whole past; the
+subscriber never saw a backfilled event arrive, so its own clock cannot date it.
 
 **Heads anti-entropy.** Heads are the delivered events with no delivered children. Each
 ``heads_interval`` a node sends its heads to its tree and lazy neighbours; a neighbour that

@@ -138,6 +138,17 @@ class BackfillConfig:
     horizon_slack: float = 60.0
     """Events created up to this long before a subscription began are still delivered
     (publishers' clocks differ, and events are in flight when a node subscribes)."""
+    horizon_confirm: int = 2
+    """Backfilled events older than the horizon (by their ``created``), one the parent of
+    the next, that end a walk: one alone is not enough, its publisher's clock may have been
+    behind (see :mod:`pulsar.proto.backfill`). 2: the event and its parent, so a fresh
+    subscriber's walk costs one block more than it would with 1."""
+    horizon_confirm_resumed: int = 8
+    """The same for a subscription resumed from a durable store (``open`` with ``heads``
+    or ``delivered``): its walks almost always end at an event it delivered before the
+    restart, so the longer look-ahead is paid only where a chain forks off older history,
+    and it covers a run of skewed events published while the node was down. The look-ahead
+    goes in one WANT (``limit`` the blocks still needed, no ``after``)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.want_limit <= MAX_WANT_LIMIT:
@@ -149,7 +160,8 @@ class BackfillConfig:
         if not MAX_BLOCK <= self.answer_bytes <= MAX_ANSWER_BYTES:
             raise ValueError(f"answer_bytes must be in {MAX_BLOCK}..{MAX_ANSWER_BYTES}")
         for name in ("max_pending", "max_gaps", "max_topic_gaps", "settled_limit",
-                     "heads_limit", "memo_limit"):
+                     "heads_limit", "memo_limit", "horizon_confirm",
+                     "horizon_confirm_resumed"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.heads_refresh < 1 or self.fetch_retries < 0 or self.lost_retries < 0:
@@ -197,6 +209,13 @@ class Gap:
 class Held:
     event: EventDescriptor
     hop: int
+    run: int = 0
+    """Events older than the horizon in a row, down a chain to this one: itself, after the
+    longest such run of its held descendants; 0 when it is not older than the horizon."""
+    early: bool = False
+    """Backfilled and older than the horizon: if its chain turns out to be history too it
+    is settled without being delivered; if it links to a delivered or newer event, its
+    publisher's clock was behind and it is delivered."""
 
 
 @dataclass(slots=True, eq=False)
@@ -213,6 +232,9 @@ class TopicState:
     """Missing or held CID -> the held events naming it as parent."""
     frontier: dict[CID, Gap] = field(default_factory=dict)
     heads: OrderedDict[CID, None] = field(default_factory=OrderedDict)
+    history: OrderedDict[CID, None] = field(default_factory=OrderedDict)
+    """The settled CIDs that were history, not delivered (a subset of ``settled``, bounded
+    the same way): what links to one and is older than the horizon is history too."""
     released: OrderedDict[CID, None] = field(default_factory=OrderedDict)
     """Frontiers whose children were delivered first: if they come late, not heads."""
     failed: OrderedDict[CID, float] = field(default_factory=OrderedDict)
@@ -310,6 +332,15 @@ class BackfillParts(ABC):
 
     @abstractmethod
     def _settle(self, state: TopicState, event: EventDescriptor) -> None: ...
+
+    @abstractmethod
+    def _resolve(self, state: TopicState, cids: list[CID], out: Out) -> int: ...
+
+    @abstractmethod
+    def _lookahead(self, state: TopicState, cid: CID) -> int: ...
+
+    @abstractmethod
+    def _confirm(self, state: TopicState) -> int: ...
 
     @abstractmethod
     def heads(self, topic: CID) -> list[CID]: ...

@@ -4,9 +4,10 @@ An event whose parent is neither delivered nor settled is held; when the parent 
 delivered, every held descendant that became ready is delivered too, concurrent ones in
 :func:`dag.history.order_key` order, so every node delivers a DAG the same way. The heads
 (delivered events with no delivered children) are kept here; a subscription's horizon
-(``since`` minus ``horizon_slack``) settles what is older without delivering it.
-See :mod:`pulsar.proto.backfill` for the whole layer.
-"""
+(``since`` minus ``horizon_slack``) settles what is older without delivering it, once a
+backfilled chain shows it is older (``horizon_confirm`` events in a row, not one event
+that a publisher's clock gone back can make look old). See :mod:`pulsar.proto.backfill`
+for the whole layer, and the argument for the horizon rule."""
 
 from __future__ import annotations
 
@@ -160,25 +161,27 @@ class CausalOrder(BackfillParts):
         frontier it moved (its caller decides what to request next), or None."""
         cid = event.cid
         parent = event.parent
-        before = state.horizon is not None and event.created < state.horizon
-        if fetched and before:
-            # History from before the subscription: the walk ends here.
-            boundary = state.frontier.pop(cid, None)
-            # Settled like a delivery (not delivered): it is a head until its children
-            # come, so a node that only learned this far still links its next event here.
-            self._settle(state, event)
-            if boundary is not None:
-                self._end(state, boundary, now, out)
-            children = state.waiting.pop(cid, None)
-            if children:
-                self._deliver(state, self._unhold(state, children), out)
-            return None
+        run = 0
+        if state.horizon is not None and event.created < state.horizon:
+            run = 1 + self._lookahead(state, cid)
+            if fetched and self._history(state, parent, run):
+                # History from before the subscription: the walk ends here.
+                boundary = state.frontier.pop(cid, None)
+                # Settled like a delivery (not delivered): it is a head until its children
+                # come, so a node that only learned this far still links its next event here.
+                self._settle_history(state, event)
+                if boundary is not None:
+                    self._end(state, boundary, now, out)
+                children = state.waiting.pop(cid, None)
+                if children:
+                    self._resolve(state, children, out)
+                return None
         if fetched and not local:  # new to this node: its children may lack it too
             self._repaired.append((state.cid, event))
-        ready = self._ready(state, parent, before)
+        ready = self._ready(state, parent)
         if not ready and self._held >= self.config.max_pending:
             self._make_room(now, out)
-            ready = self._ready(state, parent, before)
+            ready = self._ready(state, parent)
             if not ready and self._held >= self.config.max_pending:  # cannot happen
                 ready = True  # with every held event under a gap; never hold beyond the cap
                 if parent is not None:
@@ -190,7 +193,7 @@ class CausalOrder(BackfillParts):
             self._deliver(state, [Held(event, hop)], out)
             return None
         assert parent is not None  # an event without a parent is always ready
-        state.held[cid] = Held(event, hop)
+        state.held[cid] = Held(event, hop, run, fetched and run > 0)
         self._held += 1
         state.waiting.setdefault(parent, []).append(cid)
         if parent in state.frontier or parent in state.held:
@@ -206,12 +209,65 @@ class CausalOrder(BackfillParts):
         self._open_gap(state, parent, sender, now, out, reorder=not fetched)
         return None
 
-    def _ready(self, state: TopicState, parent: CID | None, before_horizon: bool) -> bool:
+    def _history(self, state: TopicState, parent: CID | None, run: int) -> bool:
+        """Whether a backfilled event older than the horizon, ``run`` such events in a row
+        down to it, is history (settled, the walk ends) rather than held while its parent
+        is fetched. A parent that is delivered makes it a delivery (what follows a
+        delivered event is delivered, whatever its clock said); a held or missing one, a
+        wait, until ``run`` reaches :meth:`_confirm`. (A head restored from the store
+        counts as delivered, though it may have been where an earlier walk ended: then such
+        a child of it is delivered, an event more from before the subscription, not lost.)"""
+        if parent is None or parent in state.history:
+            return True
+        if parent in state.held or parent in state.frontier:
+            return False  # its fate follows the parent's (delivered, or history)
+        if parent in state.settled:
+            return False  # delivered: so is what follows it (``_ready`` says so next)
+        if self._is_delivered(state.cid, parent):
+            bounded_put(state.settled, parent, None, self.config.settled_limit)
+            return False
+        return run >= self._confirm(state)
+
+    def _confirm(self, state: TopicState) -> int:
+        config = self.config
+        return config.horizon_confirm_resumed if state.restored else config.horizon_confirm
+
+    def _lookahead(self, state: TopicState, cid: CID) -> int:
+        """The longest run of events older than the horizon that waits on ``cid`` (0: none,
+        or the child waiting on it is newer): ``cid``'s gap is looking past the horizon."""
+        children = state.waiting.get(cid)
+        if not children:
+            return 0
+        held = state.held
+        return max(held[c].run for c in children)
+
+    def _settle_history(self, state: TopicState, event: EventDescriptor) -> None:
+        self._settle(state, event)
+        bounded_put(state.history, event.cid, None, self.config.settled_limit)
+
+    def _resolve(self, state: TopicState, cids: list[CID], out: Out) -> int:
+        """Unhold ``cids`` (whose parent is history, or will not come): the backfilled ones
+        older than the horizon are history too, with the same on their own held children;
+        the rest are delivered with what they unblock. Returns how many were delivered."""
+        roots: list[Held] = []
+        stack = self._unhold(state, cids)
+        while stack:
+            held = stack.pop()
+            if not held.early:
+                roots.append(held)
+                continue
+            self._settle_history(state, held.event)
+            children = state.waiting.pop(held.event.cid, None)
+            if children:
+                stack += self._unhold(state, children)
+        return self._deliver(state, roots, out)
+
+    def _ready(self, state: TopicState, parent: CID | None) -> bool:
         if parent is None:
             return True
         if parent in state.held or parent in state.frontier:
             return False
-        if parent in state.settled or before_horizon:
+        if parent in state.settled:
             return True
         if self._is_delivered(state.cid, parent):
             bounded_put(state.settled, parent, None, self.config.settled_limit)

@@ -247,7 +247,15 @@ class GapFetching(BackfillParts):
     def _want(self, state: TopicState, gap: Gap, peer: PeerId, cid: CID, out: Out) -> None:
         state.wants[(peer, cid)] = gap
         self._counts["wants_sent"] += 1
-        want = Want(state.cid, cid, self.config.want_limit, self._have(state), state.horizon)
+        run = self._lookahead(state, cid)
+        if run:
+            # Looking past the horizon: just the blocks that decide, in one answer (with
+            # ``after`` it would stop at each one older than the horizon).
+            limit = min(self.config.want_limit, max(1, self._confirm(state) - run))
+            want = Want(state.cid, cid, limit, self._have(state), None)
+        else:
+            want = Want(state.cid, cid, self.config.want_limit, self._have(state),
+                        state.horizon)
         out.append(ev.Send(peer, want))
         timeout = WantTimeout(state.cid, gap.id, peer, cid)
         wait = self.config.want_timeout
@@ -311,12 +319,26 @@ class GapFetching(BackfillParts):
 
     def _release(self, state: TopicState, gap: Gap, out: Out) -> int:
         """Deliver what waits on ``gap`` as if its frontier had been delivered (it is not:
-        if it comes later it is delivered then)."""
+        if it comes later it is delivered then). Backfilled events older than the horizon
+        are settled as history instead, as they were before the look-ahead past it."""
         children = state.waiting.pop(gap.frontier, None)
         if not children:
             return 0
         bounded_put(state.released, gap.frontier, None, self.config.memo_limit)
-        return self._deliver(state, self._unhold(state, children), out)
+        return self._resolve(state, children, out)
+
+    def _inconclusive(self, state: TopicState, gap: Gap, now: float, out: Out) -> bool:
+        """A gap that only looks past the horizon (everything waiting on it is older than
+        the horizon) and cannot go on — timed out, evicted, an invalid block, overflow —
+        ends as the horizon alone would have ended it: its backfilled events are settled
+        as history, the others (tree arrivals) delivered. Nothing is reported and nothing
+        is asked for again: it is no gap in what the subscription promised."""
+        children = state.waiting.get(gap.frontier)
+        if not children or not all(state.held[c].run for c in children):
+            return False
+        self._release(state, gap, out)
+        self._end(state, gap, now, out)
+        return True
 
     def _report(self, gap: Gap, released: int, reason: str, out: Out) -> None:
         self._counts["gaps_reported"] += 1
@@ -325,6 +347,8 @@ class GapFetching(BackfillParts):
     def _drop(self, gap: Gap, reason: str, now: float, out: Out) -> None:
         """Give up on ``gap``: release and report it, and do not ask for it again soon."""
         state = self._topics[gap.topic]
+        if self._inconclusive(state, gap, now, out):
+            return
         released = self._release(state, gap, out)
         self._report(gap, released, reason, out)
         self._end(state, gap, now, out)
@@ -379,6 +403,8 @@ class GapFetching(BackfillParts):
                     victim = gap
             if victim is None:
                 return
+            if self._inconclusive(self._topics[victim.topic], victim, now, out):
+                continue
             released = self._release(self._topics[victim.topic], victim, out)
             self._report(victim, released, "overflow", out)
             victim.since = now
@@ -390,6 +416,8 @@ class GapFetching(BackfillParts):
             return []  # closed, or superseded by a timer for a moved deadline
         out: Out = []
         state = self._topics[gap.topic]
+        if self._inconclusive(state, gap, now, out):
+            return out
         if gap.asked is None and not gap.retry_armed:  # (a parked gap's wait is armed)
             self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
             return out

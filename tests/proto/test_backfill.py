@@ -602,12 +602,17 @@ def test_a_fresh_subscription_stops_backfill_at_its_horizon() -> None:
     source.has(chain)
     me = net.add(PEER2, since=T0 + 330)  # horizon = T0 + 270 (60 s of slack)
     net.call(me, me.bf.accepted, TID, chain[4], 1, PEER, 0.0)
-    (want,) = [m for _, _, m in net.sent if isinstance(m, Want)]
+    want, lookahead = [m for _, _, m in net.sent if isinstance(m, Want)]
     assert want.after == iso_timestamp(T0 + 270)
-    (answer,) = [m for _, _, m in net.sent if isinstance(m, Blocks)]
+    answer, last = [m for _, _, m in net.sent if isinstance(m, Blocks)]
     assert answer.blocks == (chain[3].block, chain[2].block)  # 2 is older than the horizon
+    # One block more: 2's parent, older than the horizon too, confirms that the chain is
+    # history (one event alone could be a publisher's clock gone back: test_horizon_skew).
+    assert lookahead == Want(TID, chain[1].cid, 1, (), None)  # nothing delivered yet
+    assert last.blocks == (chain[1].block,)
     assert me.delivered == [chain[3], chain[4]]
-    assert me.bf.known(TID, chain[2].cid) and me.bf.heads(TID) == [chain[4].cid]
+    assert me.bf.known(TID, chain[2].cid) and me.bf.known(TID, chain[1].cid)
+    assert me.bf.heads(TID) == [chain[4].cid]
 
 
 # --------------------------------------------------------------------------- networks
