@@ -20,6 +20,10 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     outbox        (topic, event) → published_at  this node's own published events not yet
                                                  delivered (logged) here (schema 3): a
                                                  restart announces them again
+    block_keys    key → cid                      sha1 of each stored block's binary CID,
+                                                 the DHT key it is looked up under
+                                                 (schema 4): the node answers FIND_VALUE
+                                                 for its own blocks (``block_for_key``)
 
 Crash safety. The database runs in WAL mode with ``synchronous=NORMAL`` by default. A commit
 appends its pages to the ``-wal`` file and ends with a commit frame; every frame carries a
@@ -56,7 +60,7 @@ from .errors import CIDMismatch
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "BlockStore", "StoreError"]
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -80,6 +84,18 @@ _OUTBOX: Final = """CREATE TABLE IF NOT EXISTS outbox (
         published_at REAL NOT NULL,
         PRIMARY KEY (topic, event)
     ) WITHOUT ROWID"""
+
+# The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
+# cannot be inverted: this index maps each stored block's key back to its CID, so a node
+# serves its own blocks (the events it delivered or published, pinned) to FIND_VALUE like
+# the records it holds for the network. Written in the same transaction as the block.
+_BLOCK_KEYS: Final = """CREATE TABLE IF NOT EXISTS block_keys (
+        key BLOB PRIMARY KEY,
+        cid BLOB NOT NULL
+    ) WITHOUT ROWID"""
+_SHA1_SQL: Final = "pulsarcast_sha1"
+"""A function the connection defines (``_open``) for the schema 3 -> 4 migration only;
+nothing stored in the schema refers to it, so other SQLite clients can still write."""
 
 _SCHEMA: Final = (
     # A rowid table, not WITHOUT ROWID: measured on 20,000 random 300-byte blocks in 500-block
@@ -135,6 +151,7 @@ _SCHEMA: Final = (
         version BLOB NOT NULL
     )""",
     _OUTBOX,
+    _BLOCK_KEYS,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -146,10 +163,16 @@ _MIGRATIONS: Final = {
     ),
     # 2 -> 3: the publisher's outbox.
     2: (_OUTBOX, "PRAGMA user_version = 3"),
+    # 3 -> 4: blocks by DHT key.
+    3: (
+        _BLOCK_KEYS,
+        f"INSERT OR IGNORE INTO block_keys (key, cid) SELECT {_SHA1_SQL}(cid), cid FROM blocks",
+        "PRAGMA user_version = 4",
+    ),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
-     "topic_latest", "outbox"}
+     "topic_latest", "outbox", "block_keys"}
 )
 
 
@@ -248,6 +271,7 @@ class BlockStore:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA journal_size_limit = 67108864")  # truncate the WAL back to 64 MiB
         conn.execute("PRAGMA cache_size = -8192")  # 8 MiB of SQLite page cache
+        conn.create_function(_SHA1_SQL, 1, _sha1, deterministic=True)
         if fresh:
             with self._transaction():
                 # Re-checked under the write lock: another process may have created it since.
@@ -369,6 +393,10 @@ class BlockStore:
                 conn.execute(
                     "UPDATE blocks SET pinned = 1 WHERE cid = ? AND pinned = 0", (cid.raw,)
                 )
+            conn.execute(
+                "INSERT OR IGNORE INTO block_keys (key, cid) VALUES (?, ?)",
+                (_sha1(cid.raw), cid.raw),
+            )
         self._remember(cid, block)
         return new
 
@@ -398,6 +426,10 @@ class BlockStore:
                     "UPDATE blocks SET pinned = 1 WHERE cid = ? AND pinned = 0",
                     [(row[0],) for row in rows],
                 )
+            conn.executemany(
+                "INSERT OR IGNORE INTO block_keys (key, cid) VALUES (?, ?)",
+                [(_sha1(row[0]), row[0]) for row in rows],
+            )
         if self._cache_size:
             for cid, block in checked[-self._cache_size :]:
                 self._remember(cid, block)
@@ -455,8 +487,9 @@ class BlockStore:
     def delete(self, cid: CID) -> bool:
         """Remove the block under ``cid``; True if there was one."""
         self._cache.pop(cid, None)
-        with self._guard:
-            return self._conn.execute("DELETE FROM blocks WHERE cid = ?", (cid.raw,)).rowcount == 1
+        with self._guard, self._transaction() as conn:
+            conn.execute("DELETE FROM block_keys WHERE key = ?", (_sha1(cid.raw),))
+            return conn.execute("DELETE FROM blocks WHERE cid = ?", (cid.raw,)).rowcount == 1
 
     def __len__(self) -> int:
         """How many blocks are stored. SQLite counts by walking the primary-key index, so this
@@ -479,6 +512,31 @@ class BlockStore:
             if len(rows) < _PAGE:
                 return
             last = rows[-1][0]
+
+    # -- blocks by DHT key ------------------------------------------------------------------
+
+    def block_for_key(self, key: bytes) -> bytes | None:
+        """The stored block whose binary CID hashes (sha1) to ``key`` — the key the DHT
+        looks it up under —, or None. Pinned or not: every block here was verified against
+        its CID when it was written."""
+        with self._guard:
+            row = self._conn.execute(
+                "SELECT b.data FROM block_keys AS k JOIN blocks AS b ON b.cid = k.cid "
+                "WHERE k.key = ?",
+                (bytes(key),),
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def pinned_keys(self, after: bytes = b"", limit: int = _PAGE) -> list[bytes]:
+        """DHT keys of pinned blocks greater than ``after``, in key order, at most
+        ``limit``: a cursor over the node's own blocks, page by page."""
+        with self._guard:
+            rows = self._conn.execute(
+                "SELECT k.key FROM block_keys AS k JOIN blocks AS b ON b.cid = k.cid "
+                "WHERE k.key > ? AND b.pinned = 1 ORDER BY k.key LIMIT ?",
+                (bytes(after), limit),
+            ).fetchall()
+        return [bytes(k) for (k,) in rows]
 
     def _remember(self, cid: CID, block: bytes) -> None:
         if not self._cache_size:
@@ -525,6 +583,21 @@ class BlockStore:
                 "SELECT value FROM dht_records WHERE key = ?", (bytes(key),)
             ).fetchone()
         return None if row is None else bytes(row[0])
+
+    def dht_held(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Those of ``keys`` under which a DHT record is stored, without reading the
+        values (one query per 500 keys)."""
+        wanted = list(dict.fromkeys(bytes(k) for k in keys))
+        held: set[bytes] = set()
+        for start in range(0, len(wanted), _IN_CHUNK):
+            chunk = wanted[start : start + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            with self._guard:
+                rows = self._conn.execute(
+                    f"SELECT key FROM dht_records WHERE key IN ({marks})", chunk
+                ).fetchall()
+            held.update(bytes(k) for (k,) in rows)
+        return held
 
     def dht_items_older_than(self, cutoff: float) -> list[tuple[bytes, bytes]]:
         """``(key, value)`` of the records last republished before ``cutoff``, oldest first:
@@ -842,6 +915,11 @@ class BlockStore:
                     (topic.raw, through_seq),
                 ).rowcount
             )
+
+
+def _sha1(data: bytes) -> bytes:
+    """The DHT key of a binary CID (``dht.keys.dht_key``, which this layer cannot import)."""
+    return hashlib.sha1(bytes(data)).digest()
 
 
 def _verified(cid: CID, block: bytes) -> bytes:

@@ -95,6 +95,15 @@ class DhtConfig:
     """A bucket with no lookup for this long is refreshed with a random lookup in its range."""
     republish_batch: int = 2000
     """Records republished per maintenance pass, so a large store never stalls the loop."""
+    audit_interval: float = 3600.0
+    """How often the node checks that its own blocks (pinned: what it delivered or
+    published, which it serves to FIND_VALUE besides its records) are held by one of the
+    ``replicas`` closest nodes of their keys, and stores there the ones nobody holds
+    (``dht.maintenance.Maintainer.audit``). The first round starts one interval after
+    the node starts. 0 turns it off (the blocks are still served)."""
+    audit_batch: int = 2000
+    """Own blocks audited per maintenance pass: a round over a large store is spread
+    over passes (``maintenance_interval`` apart) instead of sending it all at once."""
     max_records: int = 1_000_000
     """Records this node holds for the network; new keys beyond it are refused."""
     max_bytes: int = 2 * 1024**3
@@ -159,5 +168,7 @@ class DhtConfig:
             raise ValueError("timeouts must be positive")
         if min(self.max_bytes, self.source_store_quota, self.peer_store_quota) < 0:
             raise ValueError("byte quotas must not be negative")
+        if self.audit_interval < 0 or self.audit_batch < 1:
+            raise ValueError("audit_interval must not be negative, audit_batch positive")
         if self.store_quota_window <= 0 or self.address_proof_ttl <= 0:
             raise ValueError("store_quota_window and address_proof_ttl must be positive")

@@ -20,6 +20,13 @@ everything a week after first store or at the first restart. The rules here:
   instead of dropping them on start.
 * A newly met node gets the records it is closer to than the r-th closest node we knew, from
   the one holder that was closest (section 2.5), in a background task over pages of storage.
+* The node's own blocks (pinned: the events it delivered or published) are not records, but
+  it serves them to FIND_VALUE all the same (``RecordStorage.local_block``), and every
+  ``audit_interval`` it checks that one of the r closest nodes of each holds it as a
+  record: those nobody there holds are stored there again (:meth:`Maintainer.audit`). So a
+  block whose replicas all went with their holders — written behind a write quorum that
+  landed on nodes that then left for good — comes back into the DHT from any node that
+  kept it, and is then kept at its closest nodes by their republish, like any record.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import heapq
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kademlia.node import Node
@@ -40,6 +47,7 @@ from .protocol import PulsarProtocol
 from .replication import Replicator
 from .stats import DhtStats
 from .storage import RecordStorage
+from .wire import MAX_HOLDS_KEYS
 
 __all__ = ["Maintainer", "MaintenanceReport"]
 
@@ -58,6 +66,10 @@ class MaintenanceReport:
     expired: int
     backlog: bool
     """True when more records were due than one pass handles (expiry was skipped)."""
+    audited: int = 0
+    """Own blocks whose closest nodes were asked whether they hold them (``audit``)."""
+    repaired: int = 0
+    """Of those, the blocks none of them held, stored at them again."""
 
 
 class Maintainer:
@@ -75,6 +87,11 @@ class Maintainer:
         self._new_contacts: list[Node] = []
         self._handoff_running = False
         self._joining = 0  # bootstraps (and reconnect rounds) under way
+        # The audit of own blocks: where the round under way has got to (None: no round
+        # under way), and when the next round starts (one interval after the start, so a
+        # restart costs nothing: the blocks were audited before it, or will be).
+        self._audit_cursor: bytes | None = None
+        self._audit_next = clock() + config.audit_interval
         protocol.on_new_contact = self.contact_added
 
     def start(self) -> None:
@@ -98,9 +115,11 @@ class Maintainer:
         now = self._clock() if now is None else now
         refreshed = await self.refresh_buckets()
         republished, kept, backlog = await self.republish(now)
+        audited, repaired = await self.audit(now)
         expired = 0 if backlog else self._storage.expire(now - self._config.record_ttl)
         self._stats.expired += expired
-        return MaintenanceReport(refreshed, republished, kept, expired, backlog)
+        return MaintenanceReport(refreshed, republished, kept, expired, backlog, audited,
+                                 repaired)
 
     async def republish(self, now: float) -> tuple[int, int, bool]:
         """Republish due records; returns (republished, kept, more are due)."""
@@ -124,6 +143,78 @@ class Maintainer:
         self._stats.republished += len(due)
         log.info("republished %d DHT records (%d kept as a closest holder)", len(due), kept)
         return len(due), kept, backlog
+
+    async def audit(self, now: float) -> tuple[int, int]:
+        """One pass of the audit of the node's own blocks; returns ``(audited, repaired)``.
+
+        A node answers FIND_VALUE with the blocks it delivered or published, but a reader's
+        walk reaches only the nodes nearest a key, and a block's replicas may all be gone:
+        a publish returns at its write quorum and writes the other replicas behind, so
+        when those stores miss (the nodes were cut off) and the quorum's holders leave for
+        good, the DHT has no copy left while subscribers still hold the event.
+
+        Every ``audit_interval`` a round goes through the pinned blocks in key order,
+        ``audit_batch`` of them per pass (keys in order share their neighbourhood, so one
+        placement walk serves many). The closest node of each key is asked with one HOLDS
+        per node (22 bytes per key, a bitmap back) whether it holds the block as a record;
+        for the keys it lacks, the others of the ``replicas`` closest are asked; a block
+        none of them holds is stored at all of them (spares standing in for those that do
+        not acknowledge). A block one of them holds is left to that holder's hourly
+        republish (which restores the others), and a block this node also holds as a
+        record to its own. Copies other nodes keep only as their own blocks do not count:
+        nobody maintains those at the key's closest nodes. A node that does not answer
+        HOLDS (a stock node ignores it) counts as not holding."""
+        config = self._config
+        if config.audit_interval <= 0:
+            return 0, 0
+        if self._audit_cursor is None:
+            if now < self._audit_next:
+                return 0, 0
+            self._audit_cursor = b""
+            self._audit_next = now + config.audit_interval
+        keys = self._storage.own_keys(self._audit_cursor, config.audit_batch)
+        self._audit_cursor = keys[-1] if len(keys) == config.audit_batch else None
+        items: list[tuple[bytes, bytes, list[Node], list[Node]]] = []
+        for key in keys:
+            if key in self._storage:
+                continue  # held as a record too: republished as one
+            block = self._storage.local_block(key)
+            if block is None:
+                continue  # deleted since, or too large for one RPC (a chunk tree's root)
+            targets, spares = await self._replicator.placement(key)  # one at a time: the
+            if targets:  # first walk of a neighbourhood serves the next keys from cache
+                items.append((key, block, targets, spares))
+        if not items:
+            return 0, 0
+        held = await self._held((key, targets[:1]) for key, _, targets, _ in items)
+        held |= await self._held((key, targets[1:]) for key, _, targets, _ in items
+                                 if key not in held)
+        stores = [self._replicator.batcher.store_all(targets, key, block, spares)
+                  for key, block, targets, spares in items if key not in held]
+        repaired = sum(1 for acks in await asyncio.gather(*stores) if acks)
+        self._stats.audited += len(items)
+        self._stats.audit_repaired += repaired
+        if stores:
+            log.info("audited %d own blocks: %d had no copy at their closest nodes, %d of "
+                     "them stored there again", len(items), len(stores), repaired)
+        return len(items), repaired
+
+    async def _held(self, asks: Iterable[tuple[bytes, list[Node]]]) -> set[bytes]:
+        """Which of the keys one of their nodes says it holds: one HOLDS per node and
+        ``MAX_HOLDS_KEYS`` keys, all at once."""
+        per_node: dict[bytes, tuple[Node, list[bytes]]] = {}
+        for key, nodes in asks:
+            for node in nodes:
+                per_node.setdefault(node.id, (node, []))[1].append(key)
+        chunks = [(node, keys[i:i + MAX_HOLDS_KEYS]) for node, keys in per_node.values()
+                  for i in range(0, len(keys), MAX_HOLDS_KEYS)]
+        answers = await asyncio.gather(*(self._protocol.call_holds(node, chunk)
+                                         for node, chunk in chunks))
+        held: set[bytes] = set()
+        for (_, chunk), flags in zip(chunks, answers, strict=True):
+            if flags is not None:
+                held.update(key for key, flag in zip(chunk, flags, strict=True) if flag)
+        return held
 
     async def refresh_buckets(self) -> int:
         """Look up a random id in every bucket not touched for ``bucket_refresh_interval``."""

@@ -78,8 +78,10 @@ from .wire import (
     decode_datagram,
     encode_request,
     encode_response,
+    holds_bitmap,
     parse_find_node,
     parse_find_value,
+    parse_holds,
     parse_store,
 )
 
@@ -97,8 +99,10 @@ _MAX_SILENT = 10_000
 _NOT_NEAR_FOR = 600.0
 """Seconds an address that ignored a FIND_NEAR (FIND_VALUE_NEAR) is asked FIND_NODE
 (FIND_VALUE) instead."""
-_COUNTED = frozenset({"find_near", "find_value_near"})
-"""Our lookups that name how many contacts to answer with; stock nodes ignore them."""
+_COUNTED = frozenset({"find_near", "find_value_near", "holds"})
+"""Our RPCs that stock nodes ignore (the lookups that name how many contacts to answer
+with, and HOLDS): a timeout from an address that never answered one is no evidence
+against it, and it is not asked again for ``_NOT_NEAR_FOR`` seconds."""
 _DEPARTED_MEMORY = 10_000
 """Contacts remembered as recently gone (to recognise a restart), at most."""
 
@@ -226,6 +230,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
             "find_near": self.rpc_find_near,
             "find_value": self.rpc_find_value,
             "find_value_near": self.rpc_find_value_near,
+            "holds": self.rpc_holds,
         }
 
     def __getattr__(self, name: str) -> Any:
@@ -532,6 +537,26 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                 # keep the package's shapes, which its ValueSpiderCrawl understands
                 data = {"value": parsed.value} if isinstance(parsed, FoundValue) else parsed
         return self.handle_call_response((ok, data), node_to_ask)
+
+    async def call_holds(self, node_to_ask: Node, keys: Sequence[bytes]) -> list[bool] | None:
+        """Which of ``keys`` (at most ``MAX_HOLDS_KEYS``) ``node_to_ask`` holds; None when it
+        does not answer, or is remembered as not speaking HOLDS (a stock node ignores it:
+        such a timeout marks nobody silent, see ``_COUNTED``)."""
+        address = _address(node_to_ask)
+        if not self._may_count(address, "holds"):
+            return None
+        ok, data = await self._request(address, "holds", (self.source_node.id, list(keys)))
+        if not ok:
+            if (address[0], address[1]) in self._near["holds"]:
+                self.handle_call_response((False, None), node_to_ask)
+            return None
+        try:
+            flags = parse_holds(data, len(keys))
+        except MalformedDatagram as exc:
+            self._drop(address, f"HOLDS answer: {exc}")
+            return None
+        self.handle_call_response((True, data), node_to_ask)
+        return flags
 
     async def call_ping(self, node_to_ask: Node) -> RpcResult:
         ok, data = await self.ping(_address(node_to_ask), self.source_node.id)
@@ -857,7 +882,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
                 self.closest_contacts(key, min(count, self.router.ksize), exclude=node_id)]
 
     def rpc_find_value(self, sender: Address, node_id: bytes, key: bytes) -> object:
-        value = self.storage.get(key)
+        value = self._serve(key)
         if value is None:
             return self.rpc_find_node(sender, node_id, key)
         self._sender(sender, node_id)
@@ -865,11 +890,32 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
 
     def rpc_find_value_near(self, sender: Address, node_id: bytes, key: bytes, count: int
                             ) -> object:
-        value = self.storage.get(key)
+        value = self._serve(key)
         if value is None:
             return self.rpc_find_near(sender, node_id, key, count)
         self._sender(sender, node_id)
         return {"value": value}
+
+    def _serve(self, key: bytes) -> bytes | None:
+        """The value a FIND_VALUE gets: a record held for the network, else one of the
+        node's own blocks (``RecordStorage.local_block``): the events it delivered or
+        published count as replicas it serves. The reader verifies either against the
+        CID, so nothing new is trusted."""
+        value = self.storage.get(key)
+        if value is None:
+            value = self.storage.local_block(key)
+            if value is not None:
+                self.stats.local_blocks_served += 1
+        return value
+
+    def rpc_holds(self, sender: Address, node_id: bytes, keys: list[bytes]) -> bytes:
+        """Which of ``keys`` this node holds as records (which it keeps and republishes;
+        its own blocks, served all the same, do not count), as a bitmap: how a node
+        auditing its own blocks learns whether their closest nodes hold them without
+        fetching the values (``Maintainer.audit``)."""
+        self._sender(sender, node_id)
+        held = self.storage.holds_many(keys)
+        return holds_bitmap([key in held for key in keys])
 
     # -- local queries --------------------------------------------------------------------
 

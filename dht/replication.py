@@ -341,13 +341,9 @@ class Replicator:
         23 MiB in the 100-node baseline). With ``quorum``, return as soon as that many
         acknowledged (Kafka's ``acks``): the other stores go on in the background, counted
         in ``stats.background_acks`` / ``background_stores``."""
-        config = self._config
         if self._protocol.closed:  # the node is stopping: the record stays local
             return Replicated(0, 0, True)
-        found = await find_closest(self._protocol, key, ksize=config.replication,
-                                   alpha=config.alpha, spares=PLACEMENT_SPARES,
-                                   stats=self._stats, cache=self._cache)
-        targets, spares = found[: config.replication], found[config.replication:]
+        targets, spares = await self.placement(key)
         self._note_placement(key, bool(targets))
         if quorum is None:
             acks = await self.batcher.store_all(targets, key, value, spares)
@@ -358,6 +354,17 @@ class Replicator:
             self._stats.background_stores += 1
             everyone.add_done_callback(self._count_background(acks))
         return Replicated(acks, len(targets), self._we_are_close(key, targets))
+
+    async def placement(self, key: bytes) -> tuple[list[Node], list[Node]]:
+        """Where ``key`` is stored: its ``replication`` closest live nodes (never this
+        one), and up to ``PLACEMENT_SPARES`` next ones to stand in for a target that does
+        not acknowledge. Served by the neighbourhood cache when a recent walk covered
+        the key."""
+        config = self._config
+        found = await find_closest(self._protocol, key, ksize=config.replication,
+                                   alpha=config.alpha, spares=PLACEMENT_SPARES,
+                                   stats=self._stats, cache=self._cache)
+        return found[: config.replication], found[config.replication:]
 
     def _note_placement(self, key: bytes, placed: bool) -> None:
         """Remember keys put while no other node was known (a lone node's puts): they are

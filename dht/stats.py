@@ -82,6 +82,13 @@ class DhtStats:
     """Puts that returned at their write quorum while other replicas were still storing."""
     background_acks: int = 0
     """Acknowledgements that came after such a put had returned."""
+    local_blocks_served: int = 0
+    """FIND_VALUEs answered with one of the node's own blocks (delivered or published,
+    not a record held for the network)."""
+    audited: int = 0
+    """Own blocks whose closest nodes were asked (HOLDS) whether they hold them."""
+    audit_repaired: int = 0
+    """Of those, the blocks none of their closest nodes held, stored there again."""
 
     sent_by_rpc: dict[str, int] = field(default_factory=dict)
     """``bytes_sent`` split by RPC: requests under their name (``store``, ``find_node``

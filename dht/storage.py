@@ -10,6 +10,16 @@ Every write is verified first (:func:`dht.keys.record_matches`): a value is acce
 hashes to its key, whether it came from a STORE request, a local put, or the package's own
 code calling ``storage[key] = value``.
 
+**The node's own blocks are replicas too.** What the node delivered, published or fetched
+for itself sits in the store's ``blocks`` table (pinned), not among the records it holds for
+the network; a FIND_VALUE that finds no record is nevertheless answered from there
+(:meth:`RecordStorage.local_block`), through the store's key index
+(``BlockStore.block_for_key``: the key is ``sha1(bytes(cid))``, which cannot be inverted).
+The reader checks the value against its CID as it checks any holder's answer, so nothing new
+is trusted. These blocks are not records: they are not counted in ``len``, not iterated,
+republished, handed off nor expired as records are (``dht.maintenance`` audits them instead,
+see ``Maintainer.audit``).
+
 **Group commit.** One SQLite commit costs about as much as writing 10-30 rows inside one,
 and a pipelined put makes every node receive thousands of values per second. Values from the
 network therefore go through :meth:`RecordStorage.submit`: they are verified at once, queued,
@@ -29,7 +39,7 @@ from kademlia.storage import IStorage
 
 from dag.store import BlockStore
 
-from .keys import record_matches, record_replaces
+from .keys import MAX_BLOCK_SIZE, record_matches, record_replaces
 from .stats import DhtStats
 
 __all__ = ["RecordStorage"]
@@ -171,6 +181,32 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         value = self._store.dht_get(key)
         return default if value is None else value
+
+    def local_block(self, key: bytes) -> bytes | None:
+        """The node's own block under ``key`` (what it delivered, published or fetched
+        for itself; not a record), if it fits one STORE or FIND_VALUE answer
+        (``MAX_BLOCK_SIZE``): what a FIND_VALUE that finds no record is answered with."""
+        block = self._store.block_for_key(key)
+        if block is None or len(block) > MAX_BLOCK_SIZE:
+            return None
+        return block
+
+    def holds_many(self, keys: Iterable[bytes]) -> set[bytes]:
+        """Those of ``keys`` held as records (queued for the next group commit counts):
+        what this node keeps for the network and republishes. Its own blocks are served
+        but not counted here: a copy only the nodes that delivered it keep is not
+        maintained at the key's closest nodes (see ``Maintainer.audit``)."""
+        keys = list(keys)
+        held = self._store.dht_held(keys)
+        if self._queued:
+            queued = {k for k, _ in self._queued}
+            held.update(k for k in keys if k in queued)
+        return held
+
+    def own_keys(self, after: bytes, limit: int) -> list[bytes]:
+        """Keys of the node's own pinned blocks after ``after``, in key order (a cursor
+        for ``Maintainer.audit``)."""
+        return self._store.pinned_keys(after, limit)
 
     def __getitem__(self, key: bytes) -> bytes:
         value = self._store.dht_get(key)

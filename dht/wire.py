@@ -26,6 +26,7 @@ import umsgpack
 from .keys import KEY_SIZE, MAX_RPC_SIZE
 
 __all__ = [
+    "MAX_HOLDS_KEYS",
     "MAX_NODES_IN_RESPONSE",
     "MAX_REQUEST_DATAGRAM",
     "MAX_RESPONSE_DATAGRAM",
@@ -38,8 +39,10 @@ __all__ = [
     "decode_datagram",
     "encode_request",
     "encode_response",
+    "holds_bitmap",
     "parse_find_node",
     "parse_find_value",
+    "parse_holds",
     "parse_ping",
     "parse_store",
     "parse_store_batch",
@@ -56,6 +59,9 @@ MAX_RESPONSE_DATAGRAM: Final = 16 * 1024
 hit (one block, < 8.2 KiB) and a FIND_NODE answer (k contacts, ~1.5 KiB for k=20)."""
 MAX_NODES_IN_RESPONSE: Final = 64
 """Contacts we take from one FIND_NODE/FIND_VALUE answer; honest peers send k."""
+
+MAX_HOLDS_KEYS: Final = 256
+"""Keys one HOLDS request may name (22 bytes each on the wire: 5.7 KiB, under one RPC)."""
 
 NodeTriple = tuple[bytes, str, int]
 """A contact as it travels on the wire: ``(node id, ip, port)``."""
@@ -112,6 +118,12 @@ def _batch_items(value: object) -> list[tuple[bytes, object]]:
     return items
 
 
+def _keys(value: object) -> list[bytes]:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_HOLDS_KEYS:
+        raise MalformedDatagram(f"holds takes a list of 1..{MAX_HOLDS_KEYS} keys")
+    return [_node_id(key) for key in value]
+
+
 # name -> one checker per positional argument (after the sender's address)
 _SIGNATURES: Final[dict[str, tuple[Callable[[object], object], ...]]] = {
     "ping": (_node_id,),
@@ -122,6 +134,8 @@ _SIGNATURES: Final[dict[str, tuple[Callable[[object], object], ...]]] = {
     "find_value": (_node_id, _node_id),
     "find_value_near": (_node_id, _node_id, _count),
     "store_batch": (_node_id, _batch_items),
+    # ours: which of these keys do you hold as records? A bitmap back (``holds_bitmap``).
+    "holds": (_node_id, _keys),
 }
 
 
@@ -307,6 +321,23 @@ def parse_find_value(data: object) -> FoundValue | list[NodeTriple]:
             raise MalformedDatagram("FIND_VALUE hit must be {'value': bytes}")
         return FoundValue(value)
     return parse_find_node(data)
+
+
+def holds_bitmap(flags: Sequence[bool]) -> bytes:
+    """A HOLDS answer: bit ``i % 8`` of byte ``i // 8`` (least significant first) says
+    whether the ``i``-th key asked is held. 32 bytes for 256 keys."""
+    out = bytearray((len(flags) + 7) // 8)
+    for i, flag in enumerate(flags):
+        if flag:
+            out[i >> 3] |= 1 << (i & 7)
+    return bytes(out)
+
+
+def parse_holds(data: object, count: int) -> list[bool]:
+    """The flags of a HOLDS answer about ``count`` keys (see :func:`holds_bitmap`)."""
+    if not isinstance(data, bytes) or len(data) != (count + 7) // 8:
+        raise MalformedDatagram(f"holds answer must be a bitmap of {count} bits")
+    return [bool(data[i >> 3] >> (i & 7) & 1) for i in range(count)]
 
 
 def parse_ping(data: object) -> bytes:
