@@ -16,6 +16,8 @@ import json
 from aiohttp import web
 
 from dag import CID
+from dag.errors import ChunkError
+from dht import BlockNotFound
 from pulsar.runtime.replay import ReplayError, ReplayIncomplete
 
 from .common import node_of, query_int, topic_of
@@ -59,12 +61,28 @@ async def replay(request: web.Request) -> web.StreamResponse:
                       missing_cids=[str(c) for c in exc.missing[:16]]) from None
     except ReplayError as exc:
         raise Problem(422, "replay-too-long", str(exc)) from None
+    # Payloads (chunk trees of large events) are fetched before the answer starts, so a
+    # payload nobody holds is a 503 too, not a stream cut short.
+    lines: list[bytes] = []
+    missing: list[str] = []
+    for event in events:
+        try:
+            lines.append(json.dumps(await event_view(node, event)).encode() + b"\n")
+        except (BlockNotFound, TimeoutError, ChunkError) as exc:
+            if not partial:
+                missing.append(f"{event.cid} ({exc})")
+    if missing:
+        raise Problem(503, "replay-incomplete",
+                      f"the payloads of {len(missing)} event(s) could not be fetched "
+                      f"(first: {missing[0]})", retry_after=RETRY_AFTER,
+                      missing=len(missing), found=len(events) - len(missing),
+                      missing_cids=[m.split()[0] for m in missing[:16]])
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
     out = ChunkedWriter(response)  # a reader that stalls holds one piece, not the range
     try:
-        for event in events:
-            await out.add(json.dumps(await event_view(node, event)).encode() + b"\n")
+        for line in lines:
+            await out.add(line)
         await out.flush()
     except ConnectionError:  # the client went away
         return response

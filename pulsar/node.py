@@ -755,17 +755,39 @@ class Node:
                 quorum = max(1, self.config.core.min_acks)
                 chunks = self._spawn(self.dht.put_chunks(blocks, quorum=quorum))
             else:
-                body = await self.dht.put_large(payload)
+                # Pulled from the DHT by readers: stored at the write quorum before the
+                # event exists, so a refusal here is a clean failure (nothing went out).
+                body, blocks = split(payload)
+                self.store.put_many(blocks, pinned=True)
+                quorum = max(1, self.config.core.min_acks)
+                results = await self.dht.put_chunks(blocks, quorum=quorum)
+                if self.config.core.min_acks and any(r.acks < quorum for r in results):
+                    raise NotPersisted(
+                        f"the payload's chunk tree was stored on fewer than {quorum} DHT "
+                        "node(s) (min_acks); not published — is the node connected to its "
+                        "network?")
         request = next(self._requests)
         try:
             event: EventDescriptor = await self._command(
                 request, ev.Publish(first.cid, body, parent, request, content_type)
             )
         finally:
-            if chunks is not None:
-                stored = await asyncio.gather(chunks, return_exceptions=True)
-                if isinstance(stored[0], BaseException):
-                    log.warning("chunk tree %s not stored in the DHT: %s", body, stored[0])
+            stored = None if chunks is None else await asyncio.gather(
+                chunks, return_exceptions=True)
+        if stored is not None:
+            # The payload is part of what an acknowledgement promises: a reader of the
+            # event must be able to fetch its chunk tree after this node is gone.
+            quorum = max(1, self.config.core.min_acks) if self.config.core.min_acks else 0
+            result = stored[0]
+            short = (str(result) if isinstance(result, BaseException) else
+                     f"{sum(r.acks < quorum for r in result)} of its {len(result)} blocks "
+                     f"on fewer than {quorum} DHT node(s)")
+            if isinstance(result, BaseException) or any(r.acks < quorum for r in result):
+                log.warning("chunk tree %s not stored in the DHT: %s", body, short)
+                raise NotRecorded(
+                    f"event {event.cid} went out, but its payload's chunk tree was not stored "
+                    f"at the write quorum ({short}): it may still be delivered, but this "
+                    "publish is not acknowledged")
         return event
 
     def replay(
@@ -878,9 +900,13 @@ class Node:
                 case ev.KeepPublished():
                     self._pending_kept.append((out.topic, out.event))
                     self._schedule_flush()
-                case ev.Published():
                     if self._trace is not None:
-                        self._trace.published(out.event)
+                        # Traced when it goes out (the testbed's latency starts here),
+                        # not at the acknowledgement, which also waits for the record.
+                        block = self._local_block(out.event)
+                        if block is not None:
+                            self._trace.published(EventDescriptor.from_block(block, out.event))
+                case ev.Published():
                     self._acknowledge(out.request, out.event)
                 case ev.TopicReady():
                     self._acknowledge(out.request, out.topic)
