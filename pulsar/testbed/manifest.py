@@ -2,7 +2,8 @@
 
 The traces say what each node saw; the manifest says what was asked of the network — who
 subscribed to what, when publishing started and stopped, which faults were injected when —
-so the report can tell a missing delivery from one that was never expected. Shape::
+so the report can tell a missing delivery from one that was never expected; each protocol's
+``delivery-logs.json`` says what every node's durable delivery log held at the end. Shape::
 
     {
       "format": 1,
@@ -19,7 +20,11 @@ so the report can tell a missing delivery from one that was never expected. Shap
           "faults": [{"t": ..., "kind": "crash", "nodes": [3, 7]},
                      {"t": ..., "kind": "restart", "nodes": [3, 7]},
                      {"t": ..., "kind": "partition", "groups": [[0, 1], [2, 3]]},
-                     {"t": ..., "kind": "heal"}]
+                     {"t": ..., "kind": "heal"}],
+          "expected_log_entries": ..., "uncertain_log_entries": ...,
+          "delivered_log_entries": ...,    # the runner's progress count (see docs/testbed.md)
+          "delivery_logs": {"file": "pulsarcast/delivery-logs.json", "entries": ...,
+                            "unreadable_nodes": []}   # pulsar.testbed.delivery_logs
         },
         "floodsub": {...}                  # same shape, same workload and faults
       }

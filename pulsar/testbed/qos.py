@@ -1,4 +1,7 @@
-"""The QoS computation: traces of testbed runs in, per (run, protocol) figures out.
+"""The QoS computation: traces and durable delivery logs of testbed runs in, per (run,
+protocol) figures out. Delivery and coverage come from the delivery logs, everything timed or
+counted on the wire (latency, hops, routes, copies, order, bytes, CPU, memory) from the traces
+(:mod:`pulsar.testbed.qos_delivery`).
 
 It holds the Spark part of the report together: one pass that parses and folds the traces
 into a small in-memory table of facts, a few small cached intermediates (publishes, first
@@ -25,7 +28,7 @@ from .qos_delivery import (
     order_violations,
     publishes,
 )
-from .qos_read import expectations, fold_traces, ordered_topics, parts
+from .qos_read import durable_deliveries, expectations, fold_traces, ordered_topics, parts
 from .qos_routes import first_copies, route_counts
 from .qos_traffic import (
     NodeUse,
@@ -70,7 +73,9 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
         say(f"{sum(c['total'] for c in counts.values()):,} records; computing deliveries")
         pubs = publishes(facts).cache()
         delivered = first_deliveries(facts).cache()
-        pairs = delivery_pairs(pubs, expectations(spark, runs), delivered).cache()
+        logged, logged_nodes = durable_deliveries(spark, runs)
+        pairs = delivery_pairs(pubs, expectations(spark, runs), delivered, logged,
+                               logged_nodes).cache()
         cached += [pubs, delivered, pairs]
         deliveries = delivery_figures(pubs, pairs, indices)
         say("routes of first copies")
@@ -91,8 +96,9 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
     for key, (run, part) in enumerate(numbered):
         figures = deliveries[key]
         metrics = _manifest_metrics(part)
+        metrics["delivery_source"] = _delivery_source(run, part)
         metrics.update(figures.metrics)
-        metrics.update(_copy_metrics(copies.get(key), metrics["delivered_pairs"]))
+        metrics.update(_copy_metrics(copies.get(key), metrics["traced_pairs"]))
         metrics["first_copy"] = routes.get(key, {"by_via": {}, "tail_by_via": {},
                                                  "tail_from_s": None})
         metrics["order_violations"] = violations.get(key, 0)
@@ -119,10 +125,28 @@ def _manifest_metrics(part: ProtocolRun) -> dict[str, Any]:
     }
 
 
-def _copy_metrics(copies: dict[str, Any] | None, delivered: int) -> dict[str, Any]:
+def _delivery_source(run: RunInput, part: ProtocolRun) -> dict[str, Any]:
+    """Where delivery and coverage come from: ``durable_logs`` (the file, relative to the run
+    directory) or ``traces``; ``nodes_from_traces``: the nodes whose deliveries are taken
+    from their traces because no log of theirs was read (all of them without a file)."""
+    logs = part.delivery_logs
+    if logs is None:
+        return {"source": "traces", "file": None, "until": None,
+                "nodes_from_traces": sorted(part.nodes)}
+    try:
+        file = str(logs.path.relative_to(run.path))
+    except ValueError:
+        file = str(logs.path)
+    return {"source": "durable_logs", "file": file, "until": logs.until,
+            "nodes_from_traces": sorted(set(part.nodes) - logs.nodes)}
+
+
+def _copy_metrics(copies: dict[str, Any] | None, traced: int) -> dict[str, Any]:
+    """RMR from the traces alone: copies over the delivered pairs the traces saw delivered
+    (a crash cuts the two short together)."""
     total = copies["total"] if copies else 0
     return {
-        "rmr": total / delivered - 1 if delivered else None,
+        "rmr": total / traced - 1 if traced else None,
         "copies": total,
         "copies_by_kind": dict(sorted(copies["by_kind"].items())) if copies else {},
         "copies_by_msg": dict(sorted(copies["by_msg"].items())) if copies else {},

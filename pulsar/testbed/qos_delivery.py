@@ -3,7 +3,15 @@
 Expected deliveries come from the manifest (subscribers of a topic) crossed with the
 ``publish`` records, so a node that never delivered an event still counts against the
 protocol; deliveries nobody expected (relays, the publisher itself) count for nothing.
-Definitions, exactly: docs/testbed.md, "The QoS report".
+
+*Whether* an expected pair was delivered comes from the node's durable delivery log at the
+end of the run (:mod:`pulsar.testbed.delivery_logs`), which a SIGKILL does not cut short as
+it cuts the last 0.25 s of a trace; only for a node without a readable log (or a run made
+before logs were recorded) from its ``deliver`` records. *When* and *how far* come from the
+traces: latency and hops are over the delivered pairs whose deliver record the traces hold
+("traced" pairs); a delivered pair whose record was lost with a crashed node's trace tail
+counts as delivered everywhere, but has no time. Definitions, exactly: docs/testbed.md,
+"The QoS report".
 """
 
 from __future__ import annotations
@@ -58,13 +66,15 @@ class DeliveryFigures:
 
     metrics: dict[str, Any]
     latency_quantiles: list[float] | None
-    """Over delivered expected pairs only."""
+    """Over traced delivered expected pairs only."""
     expected_latency_quantiles: list[float] | None = None
     """Over all expected pairs, ``NEVER`` for the undelivered ones: a protocol that misses
-    a share s of its pairs has its top s of quantiles at ``NEVER``."""
+    a share s of its pairs has its top s of quantiles at ``NEVER``. Delivered pairs with no
+    deliver record (no time) are left out."""
     reach_quantiles: dict[str, list[float]] | None = None
     """Per coverage level ("50", "90", "100"): the time each event with subscribers took to
-    reach that share of them, ``NEVER`` for events that did not."""
+    reach that share of them, ``NEVER`` for events that did not; events that did but whose
+    time the traces lost are left out."""
 
 
 def publishes(facts: DataFrame) -> DataFrame:
@@ -86,16 +96,29 @@ def first_deliveries(facts: DataFrame) -> DataFrame:
             .select(*KEY, "node", "event", F.col("t").alias("deliver_t"), "hop"))
 
 
-def delivery_pairs(pubs: DataFrame, subscriptions: DataFrame, delivered: DataFrame) -> DataFrame:
-    """(part, event, topic, node, pub_t, latency, hop), one row per expected pair:
-    every subscriber of the event's topic except its publisher. ``latency`` (first delivery
-    minus publish time) and ``hop`` are null for pairs never delivered."""
+def delivery_pairs(pubs: DataFrame, subscriptions: DataFrame, delivered: DataFrame,
+                   logged: DataFrame, logged_nodes: DataFrame) -> DataFrame:
+    """(part, event, topic, node, pub_t, delivered, latency, hop), one row per expected pair:
+    every subscriber of the event's topic except its publisher.
+
+    ``delivered``: the event is in the node's durable delivery log (``logged``: part, node,
+    event), or, for a node with no log read (not in ``logged_nodes``: part, node), the node
+    has a deliver record of it. ``latency`` (first deliver record minus publish time) and
+    ``hop`` are those of the traces, null for pairs not delivered and for delivered pairs
+    with no deliver record."""
     expected = (pubs.join(F.broadcast(subscriptions), on=[*KEY, "topic"])
                 .filter(F.col("subscriber") != F.col("publisher"))
                 .select(*KEY, "event", "topic", F.col("subscriber").alias("node"), "pub_t"))
-    return (expected.join(delivered, on=[*KEY, "node", "event"], how="left")
-            .select(*KEY, "event", "topic", "node", "pub_t",
-                    (F.col("deliver_t") - F.col("pub_t")).alias("latency"), "hop"))
+    in_log = logged.withColumn("in_log", F.lit(True))
+    has_log = logged_nodes.withColumn("has_log", F.lit(True))
+    joined = (expected.join(delivered, on=[*KEY, "node", "event"], how="left")
+              .join(in_log, on=[*KEY, "node", "event"], how="left")
+              .join(F.broadcast(has_log), on=[*KEY, "node"], how="left"))
+    done = F.when(F.col("has_log"), F.col("in_log").isNotNull()).otherwise(
+        F.col("deliver_t").isNotNull())
+    return joined.select(*KEY, "event", "topic", "node", "pub_t", done.alias("delivered"),
+                         F.when(done, F.col("deliver_t") - F.col("pub_t")).alias("latency"),
+                         F.when(done, F.col("hop")).alias("hop"))
 
 
 def delivery_figures(pubs: DataFrame, pairs: DataFrame,
@@ -114,9 +137,10 @@ def delivery_figures(pubs: DataFrame, pairs: DataFrame,
         metrics["events_published"] = published.get(key, 0)
         metrics.update(_event_metrics(event))
         metrics.update(_subscription_metrics(sub))
-        expected = list(total["expected_quantiles"]) if total else None
-        reach = ({str(level): list(event[f"reach_quantiles_{level}"])
-                  for level in COVERAGE_LEVELS} if event else None)
+        # null when every pair (event) in it was delivered without a time in the traces
+        expected = _quantiles(total["expected_quantiles"]) if total else None
+        reach = ({str(level): _quantiles(event[f"reach_quantiles_{level}"]) or [NEVER] * len(
+                  CDF_GRID) for level in COVERAGE_LEVELS} if event else None)
         figures[key] = DeliveryFigures(metrics, quantiles, expected, reach)
     return figures
 
@@ -151,6 +175,10 @@ def order_violations(pubs: DataFrame, delivered: DataFrame,
     return {_key(row): int(row["violations"]) for row in rows}
 
 
+def _quantiles(values: Any) -> list[float] | None:
+    return None if values is None else list(values)
+
+
 def _key(row: Any) -> int:
     return int(row["part"])
 
@@ -158,11 +186,13 @@ def _key(row: Any) -> int:
 def _pair_totals(pairs: DataFrame) -> DataFrame:
     return pairs.groupBy(*KEY).agg(
         F.count("*").alias("expected"),
-        F.count("latency").alias("delivered"),
+        F.count_if("delivered").alias("delivered"),
+        F.count("latency").alias("traced"),
         F.percentile("latency", list(_PERCENTILES)).alias("percentiles"),
         F.percentile_approx("latency", list(CDF_GRID), _CDF_ACCURACY).alias("quantiles"),
-        F.percentile_approx(F.coalesce("latency", F.lit(NEVER)), list(CDF_GRID),
-                            _CDF_ACCURACY).alias("expected_quantiles"),
+        # undelivered pairs at NEVER; delivered ones without a time (null) are left out
+        F.percentile_approx(F.when(~F.col("delivered"), F.lit(NEVER)).otherwise(
+            F.col("latency")), list(CDF_GRID), _CDF_ACCURACY).alias("expected_quantiles"),
         F.max("latency").alias("latency_max"),
         F.mean("latency").alias("latency_mean"),
         F.max("hop").alias("ldh"),
@@ -177,28 +207,36 @@ def _needed(level: int) -> Column:
 
 
 def _event_totals(pairs: DataFrame) -> DataFrame:
+    """Per event: n expected subscribers, k that delivered it (durable logs), and the sorted
+    latencies of the traced deliveries. An event reaches a level when k does; the time it
+    took is the needed-th traced latency, unknown ("untimed") when the traces hold fewer
+    (a delivery whose record a crash cut off)."""
     per_event = (pairs.groupBy(*KEY, "event")
-                 .agg(F.count("*").alias("n"), F.count("latency").alias("k"),
+                 .agg(F.count("*").alias("n"), F.count_if("delivered").alias("k"),
                       F.array_sort(F.collect_list("latency")).alias("latencies")))
     for level in COVERAGE_LEVELS:
         needed = _needed(level)
-        per_event = per_event.withColumn(
-            f"reach_{level}",
-            F.when(F.col("k") >= needed, F.element_at("latencies", needed.cast("int"))))
+        per_event = (per_event
+                     .withColumn(f"at_{level}", F.col("k") >= needed)
+                     .withColumn(f"reach_{level}", F.when(
+                         F.col(f"at_{level}") & (F.size("latencies") >= needed),
+                         F.element_at("latencies", needed.cast("int")))))
     aggregates = [F.count("*").alias("events"),
                   F.count_if(F.col("k") == F.col("n")).alias("covered")]
     for level in COVERAGE_LEVELS:
-        column = f"reach_{level}"
+        column, at = f"reach_{level}", F.col(f"at_{level}")
         aggregates += [F.percentile(column, 0.5).alias(f"median_{level}"),
                        F.count(column).alias(f"reached_{level}"),
-                       F.percentile_approx(F.coalesce(column, F.lit(NEVER)), list(CDF_GRID),
+                       F.count_if(at & F.col(column).isNull()).alias(f"untimed_{level}"),
+                       F.percentile_approx(F.when(~at, F.lit(NEVER)).otherwise(F.col(column)),
+                                           list(CDF_GRID),
                                            _CDF_ACCURACY).alias(f"reach_quantiles_{level}")]
     return per_event.groupBy(*KEY).agg(*aggregates)
 
 
 def _subscription_totals(pairs: DataFrame) -> DataFrame:
     per_subscription = (pairs.groupBy(*KEY, "topic", "node")
-                        .agg(F.count("*").alias("n"), F.count("latency").alias("k")))
+                        .agg(F.count("*").alias("n"), F.count_if("delivered").alias("k")))
     return per_subscription.groupBy(*KEY).agg(
         F.count("*").alias("subscriptions"),
         F.count_if(F.col("k") == F.col("n")).alias("covered"))
@@ -211,11 +249,13 @@ def _ratio(part: int | None, whole: int | None) -> float | None:
 def _pair_metrics(row: Any) -> tuple[dict[str, Any], list[float] | None]:
     expected = int(row["expected"]) if row else 0
     delivered = int(row["delivered"]) if row else 0
-    percentiles = row["percentiles"] if row and delivered else None
-    quantiles = row["quantiles"] if row and delivered else None
+    traced = int(row["traced"]) if row else 0
+    percentiles = row["percentiles"] if row and traced else None
+    quantiles = row["quantiles"] if row and traced else None
     metrics: dict[str, Any] = {
         "expected_pairs": expected,
         "delivered_pairs": delivered,
+        "traced_pairs": traced,
         "delivery_ratio": _ratio(delivered, expected),
         "latency_s": {
             "p50": percentiles[0] if percentiles else None,
@@ -236,10 +276,12 @@ def _event_metrics(row: Any) -> dict[str, Any]:
     expanding = {}
     for level in COVERAGE_LEVELS:
         reached = int(row[f"reached_{level}"]) if row else 0
+        untimed = int(row[f"untimed_{level}"]) if row else 0
         expanding[str(level)] = {
             "median": row[f"median_{level}"] if row else None,
             "reached": reached,
-            "missing": events - reached,
+            "untimed": untimed,
+            "missing": events - reached - untimed,
         }
     return {
         "events_with_subscribers": events,

@@ -25,6 +25,7 @@ __all__ = [
     "KEY",
     "TRACE_SCHEMA",
     "UNREADABLE",
+    "durable_deliveries",
     "expectations",
     "ordered_topics",
     "fold_traces",
@@ -153,6 +154,32 @@ def expectations(spark: SparkSession, runs: Sequence[RunInput]) -> DataFrame:
     rows = [(index, topic, subscriber) for index, (_, part) in enumerate(parts(runs))
             for topic, subscriber in part.subscriptions]
     return spark.createDataFrame(rows, schema)
+
+
+def durable_deliveries(spark: SparkSession,
+                       runs: Sequence[RunInput]) -> tuple[DataFrame, DataFrame]:
+    """From the durable delivery logs: (part, node, event) of every entry, the event hashed
+    like the traces' (:data:`_HASHED`), and (part, node) of every node whose log was read.
+    Parts without delivery logs have rows in neither."""
+    entry_schema = T.StructType([
+        T.StructField("part", T.IntegerType(), False),
+        T.StructField("node", T.LongType(), False),
+        T.StructField("event", T.StringType(), False),
+    ])
+    node_schema = T.StructType([
+        T.StructField("part", T.IntegerType(), False),
+        T.StructField("node", T.LongType(), False),
+    ])
+    entries, nodes = [], []
+    for index, (_, part) in enumerate(parts(runs)):
+        logs = part.delivery_logs
+        if logs is None:
+            continue
+        entries += [(index, node, event) for node, event in logs.entries]
+        nodes += [(index, node) for node in sorted(logs.nodes)]
+    logged = (spark.createDataFrame(entries, entry_schema)
+              .select(*KEY, "node", F.xxhash64("event").alias("event")))
+    return logged, spark.createDataFrame(nodes, node_schema)
 
 
 def ordered_topics(spark: SparkSession, runs: Sequence[RunInput]) -> DataFrame:

@@ -2,8 +2,9 @@
 
 Everything here is plain Python and runs before a Spark session exists, so a wrong path or a
 broken manifest is reported in a second instead of after the JVM has started. The manifest
-says what was *expected* (who subscribed to what, which topics are ordered); the traces say
-what happened, and only their file names are looked at here.
+says what was *expected* (who subscribed to what, which topics are ordered); the durable
+delivery logs (``<protocol>/delivery-logs.json``) say what was delivered, and are read and
+checked here; the traces say when and how, and only their file names are looked at here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .delivery_logs import DELIVERY_LOGS, DeliveryLogs, load_delivery_logs
 from .manifest import load_manifest
 
 __all__ = ["KNOWN_PROTOCOLS", "ProtocolRun", "RunInput", "load_runs", "trace_files"]
@@ -37,6 +39,9 @@ class ProtocolRun:
     ordered_topics: frozenset[str]
     topics: int
     faults: int
+    delivery_logs: DeliveryLogs | None = None
+    """The nodes' durable delivery logs at the end of the run; None for a run directory
+    without them (made before the runner recorded them): delivery then comes from traces."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ def _protocols(run_dir: Path, manifest: dict[str, Any]) -> tuple[ProtocolRun, ..
             nodes=_nodes(where, protocol, section.get("nodes")),
             subscriptions=subscriptions, ordered_topics=ordered, topics=topics,
             faults=len(section.get("faults") or ()),
+            delivery_logs=load_delivery_logs(trace_dir / DELIVERY_LOGS),
         ))
     return tuple(protocols)
 

@@ -50,6 +50,7 @@ _METRICS: list[_Row] = [
     ("events published", lambda m: m["events_published"], _int, None),
     ("expected pairs (node, event)", lambda m: m["expected_pairs"], _int, None),
     ("delivered expected pairs", lambda m: m["delivered_pairs"], _int, _UP),
+    ("… of them with a deliver record (timed)", lambda m: m["traced_pairs"], _int, None),
     ("delivery ratio", lambda m: m["delivery_ratio"], _fraction, _UP),
     ("subscription coverage", lambda m: m["subscription_coverage"], _fraction, _UP),
     ("coverage of published events", lambda m: m["event_coverage"], _fraction, _UP),
@@ -86,6 +87,35 @@ _METRICS: list[_Row] = [
     ("RSS per node, mean (MiB)", lambda m: m["rss_bytes"]["mean"], _mib, _DOWN),
     ("RSS per node, max (MiB)", lambda m: m["rss_bytes"]["max"], _mib, _DOWN),
 ]
+
+_SOURCES = (
+    "Delivery ratio, delivered pairs, both coverages and which events reached each coverage "
+    "level are read from each node's durable delivery log at the end of the run "
+    "(`<protocol>/delivery-logs.json`), which a crash does not cut short; latency, times to "
+    "coverage, hops, routes, copies and RMR, order violations, control counts, bytes, CPU "
+    "and memory from the traces, which lose a killed node's last 0.25 s.")
+
+
+def _source(metrics: dict[str, Any]) -> str:
+    return str(metrics.get("delivery_source", {}).get("source", "traces"))
+
+
+def _source_line(protocols: dict[str, Any]) -> str:
+    """Where each protocol's delivery figures of a run come from."""
+    parts = []
+    for protocol, metrics in protocols.items():
+        source = metrics.get("delivery_source") or {}
+        if source.get("source") == "durable_logs":
+            text = f"{protocol}: durable delivery logs (`{source['file']}`)"
+            fallback = source.get("nodes_from_traces") or []
+            if fallback:
+                text += (" and, for node(s) " + ", ".join(map(str, fallback))
+                         + " whose log could not be read, their traces")
+        else:
+            text = f"{protocol}: traces (no durable delivery logs in this run)"
+        parts.append(text)
+    return "Delivery and coverage from " + "; ".join(parts) + "."
+
 
 _OVERVIEW = ("delivery ratio", "subscription coverage", "coverage of published events",
              "latency p50 (s)", "latency p99 (s)", "RMR", "bytes sent, total, all nodes (MiB)")
@@ -133,8 +163,16 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"`{summary['spark']['master']}`): {summary['records']['total']:,} trace records read, "
         f"unreadable lines skipped: {summary['records']['unreadable_lines']:,}. Every figure is "
         "defined in docs/testbed.md, \"The QoS report\"; `summary.json` has them all. "
-        "Latency percentiles are over delivered pairs; the latency plots count the "
-        "undelivered ones as never arriving.")
+        + _SOURCES + " Latency percentiles are over delivered pairs with a deliver record; "
+        "the latency plots count the undelivered ones as never arriving.")
+    fallback = [f"`{label}` {protocol}" for label, run in runs.items()
+                for protocol, metrics in run["protocols"].items()
+                if _source(metrics) != "durable_logs"]
+    if fallback:
+        lines += ["", "**Delivery from traces** for " + ", ".join(fallback) + ": those runs "
+                  "have no durable delivery logs (`<protocol>/delivery-logs.json`), so a node "
+                  "killed in a crash counts as not having delivered what its lost trace tail "
+                  "held: their delivery and coverage can be too low."]
     lines += _thesis_section(runs)
     if len(runs) > 1:
         lines += ["", "## All runs", ""]
@@ -170,7 +208,7 @@ def _run_section(label: str, run: dict[str, Any]) -> list[str]:
     lines += [f"Scenario `{run['name']}`, directory `{run['path']}`; "
               + ", ".join(f"{p}: {m['nodes']} nodes, {m['topics']} topics, "
                           f"{m['subscriptions']} subscriptions, {m['faults']} faults"
-                          for p, m in protocols.items()) + ".", ""]
+                          for p, m in protocols.items()) + ". " + _source_line(protocols), ""]
     comparison = run.get("comparison")
     header = ["metric", "better", *names]
     if comparison:

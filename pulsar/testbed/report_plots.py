@@ -133,7 +133,9 @@ def _coverage(label: str, protocols: Sequence[ProtocolQos]) -> Figure | None:
         reach = p.metrics["expanding_coverage_s"]
         for level, line in _LEVELS.items():
             xs, ys = cdf_points(p.reach_quantiles[level])
-            share = reach[level]["reached"] / p.metrics[events_of]
+            # events at the level by the durable logs, those whose time is unknown included
+            share = ((reach[level]["reached"] + reach[level].get("untimed", 0))
+                     / p.metrics[events_of])
             _step_to(axes, xs, ys, share, hi, color=_STYLE.get(p.protocol), linestyle=line,
                      label=f"{p.protocol}, {level} % of subscribers ({share:.1%} of events)")
     _time_axis(figure, axes, lo, hi)

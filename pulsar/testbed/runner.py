@@ -6,8 +6,11 @@ let the topics' authors create them and the subscribers subscribe; hand every pu
 timetable; play the fault timeline (SIGKILL and restart on the same data directory,
 partitions and heals) while publishing; then let the network settle until every expected
 delivery happened, or nothing was delivered for ``settle.quiet`` seconds, or ``settle.max``
-passed. Node data directories live in a temporary directory and are removed; traces and the
-manifest go to the run directory.
+passed. Once the nodes are stopped, what each node's durable delivery log holds (entries
+logged by the end of the settle phase) is written next to its protocol's traces
+(:mod:`pulsar.testbed.delivery_logs`): the report's source for delivery and coverage, which
+a crash cannot cut short as it cuts a trace. Node data directories live in a temporary
+directory and are removed; traces, delivery logs and the manifest go to the run directory.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..bench.control import WorkerProcess
+from .delivery_logs import DELIVERY_LOGS, read_node_log, write_delivery_logs
 from .manifest import write_manifest
 from .scenario import Scenario, ScenarioError, load_scenario
 from .workload import FaultPlan, Plan, Publish, plan_workload
@@ -130,6 +134,7 @@ class _ProtocolRun:
             await asyncio.gather(*(a.close() for a in self.agents if a is not None),
                                  return_exceptions=True)
             self.show.done()
+        logs = self._record_delivery_logs(ended)
         return {
             "started": started,
             "publish_start": self.publish_start,
@@ -145,7 +150,20 @@ class _ProtocolRun:
             "expected_log_entries": self.expected_log,
             "uncertain_log_entries": self.uncertain_log,
             "delivered_log_entries": sum(self.delivered),
+            "delivery_logs": logs,
         }
+
+    def _record_delivery_logs(self, until: float) -> dict[str, Any]:
+        """Read every node's delivery log from its (stopped) store into the run directory;
+        return what the manifest says of it."""
+        nodes = {node: read_node_log(self.data_root / f"node-{node}", self.topic_cids, until)
+                 for node in range(self.scenario.nodes)}
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        write_delivery_logs(self.trace_dir / DELIVERY_LOGS, until, nodes)
+        return {"file": f"{self.protocol}/{DELIVERY_LOGS}",
+                "entries": sum(len(events) for entries in nodes.values() if entries
+                               for events in entries.values()),
+                "unreadable_nodes": [node for node, entries in nodes.items() if entries is None]}
 
     # ------------------------------------------------------------------ nodes
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from pulsar.testbed.delivery_logs import DELIVERY_LOGS, write_delivery_logs
 from pulsar.testbed.manifest import write_manifest
 
 __all__ = ["large_run", "write_run"]
@@ -30,10 +31,14 @@ T0 = 1_763_900_000.0
 
 def write_run(run_dir: Path, sections: Mapping[str, dict[str, Any]],
               traces: Mapping[str, Mapping[int, Iterable[dict[str, Any]]]],
-              cut: Mapping[tuple[str, int], str] | None = None, name: str = "synthetic") -> Path:
+              cut: Mapping[tuple[str, int], str] | None = None, name: str = "synthetic",
+              logs: Mapping[str, Mapping[int, Mapping[str, list[str]] | None]] | None = None,
+              ) -> Path:
     """A run directory: the manifest from ``sections`` (protocol → manifest section) and one
     trace file per (protocol, node) of ``traces``; ``cut`` appends a partial last line, as a
-    node killed mid-write leaves."""
+    node killed mid-write leaves; ``logs`` (protocol → node → topic → event CIDs, or None for
+    a log that could not be read) writes the protocol's durable delivery logs, as the runner
+    does at the end of a run (without it, the run has none, like one made before)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(run_dir, {"name": name, "scenario": {}, "protocols": dict(sections)})
     for protocol, nodes in traces.items():
@@ -44,6 +49,10 @@ def write_run(run_dir: Path, sections: Mapping[str, dict[str, Any]],
                 for record in records:
                     out.write(json.dumps({"node": node, **record}, separators=(",", ":")) + "\n")
                 out.write((cut or {}).get((protocol, node), ""))
+    for protocol, nodes_logs in (logs or {}).items():
+        (run_dir / protocol).mkdir(parents=True, exist_ok=True)
+        ended = sections[protocol].get("ended", T0)
+        write_delivery_logs(run_dir / protocol / DELIVERY_LOGS, ended, nodes_logs)
     return run_dir
 
 
@@ -61,10 +70,16 @@ class _Files:
             open(directory / f"node-{i}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
             for i in range(nodes)]
         self.records = 0
+        self.logs: dict[int, dict[str, list[str]]] = {i: {} for i in range(nodes)}
+        """Each node's delivery log, as the runner records it."""
 
     def write(self, node: int, line: str) -> None:
         self.files[node].write(line)
         self.records += 1
+
+    def deliver(self, node: int, t: float, topic: str, event: str, hop: int) -> None:
+        self.write(node, _deliver(t, node, topic, event, hop))
+        self.logs[node].setdefault(topic, []).append(event)
 
     def close(self) -> None:
         for file in self.files:
@@ -125,7 +140,7 @@ def _publish(files: _Files, net: _Network, t: float, node: int, topic: str, even
     link = "null" if parent is None else f'"{parent}"'
     files.write(node, f'{{"t":{t!r},"node":{node},"kind":"publish","topic":"{topic}",'
                       f'"event":"{event}","parent":{link},"bytes":256}}\n')
-    files.write(node, _deliver(t, node, topic, event, 0))
+    files.deliver(node, t, topic, event, 0)
 
 
 def _tree_protocol(files: _Files, net: _Network) -> None:
@@ -158,7 +173,7 @@ def _tree_protocol(files: _Files, net: _Network) -> None:
                 t, msg = t + rng.uniform(0.5, 2.0), "blocks"
             files.write(child, _message("receive", t, child, net.peers[up], cid, event, hop + 1,
                                         msg))
-            files.write(child, _deliver(t, child, cid, event, hop + 1))
+            files.deliver(child, t, cid, event, hop + 1)
             arrival[child] = (t, hop + 1)
 
 
@@ -200,7 +215,7 @@ def _flood_protocol(files: _Files, net: _Network, degree: int) -> None:
                 seen.add(peer)
                 files.write(peer, _message("receive", t_peer, peer, net.peers[node], cid, event,
                                            hop + 1))
-                files.write(peer, _deliver(t_peer, peer, cid, event, hop + 1))
+                files.deliver(peer, t_peer, cid, event, hop + 1)
                 heapq.heappush(queue, (t_peer, peer, node, hop + 1))
 
 
@@ -238,6 +253,8 @@ def large_run(run_dir: Path, nodes: int = 100, topics: int = 10, subscribers: in
         _samples(files, net, scale=1 if protocol == "pulsarcast" else degree)
         files.close()
         sections[protocol] = net.section()
+        write_delivery_logs(run_dir / protocol / DELIVERY_LOGS, sections[protocol]["ended"],
+                            files.logs)
         counts[protocol] = files.records
     write_manifest(run_dir, {"name": "synthetic-large", "scenario": {}, "protocols": sections})
     return counts

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pulsar.testbed.delivery_logs import DELIVERY_LOGS, load_delivery_logs
 from pulsar.testbed.manifest import load_manifest
 from pulsar.testbed.runner import run_scenario
 from pulsar.testbed.scenario import load_scenario
@@ -61,6 +62,30 @@ async def test_smoke_scenario_runs_both_protocols_under_faults(tmp_path: Path) -
         lives = {r["life"] for r in traces[f"node-{crashed[0]}.jsonl"] if r["kind"] == "sample"}
         assert lives == {0, 1}
         assert run["delivered_log_entries"] <= run["expected_log_entries"]
+        # Every node's durable delivery log, the crashed one's included, is in the run
+        # directory; it holds events at subscribers of their topic only.
+        logs = load_delivery_logs(run_dir / protocol / DELIVERY_LOGS)
+        assert logs is not None and logs.nodes == set(range(10))
+        assert run["delivery_logs"] == {"file": f"{protocol}/{DELIVERY_LOGS}",
+                                        "entries": len(logs.entries), "unreadable_nodes": []}
+        assert logs.until == run["ended"]
+        publishes = {r["event"]: r for records in traces.values() for r in records
+                     if r["kind"] == "publish"}
+        subscribers = {t["cid"]: set(t["subscribers"]) for t in run["topics"]}
+        in_log = set(logs.entries)
+        for node, event in in_log:
+            # (an event the crashed node sent but was killed before acknowledging has no
+            # publish record: a publish is traced when it is acknowledged)
+            if event in publishes:
+                assert node in subscribers[str(publishes[event]["topic"])]
+        if protocol == "pulsarcast":
+            # eventual delivery, in the durable logs: every event a node that was never
+            # killed published is in the log of every other subscriber of its topic
+            for event, record in publishes.items():
+                if record["node"] in crashed:
+                    continue
+                for node in subscribers[str(record["topic"])] - {record["node"]}:
+                    assert (node, event) in in_log, (node, event)
 
     pulsarcast = manifest["protocols"]["pulsarcast"]
     # Eventual delivery through 10% loss, a partition and a crash: every expected entry of
