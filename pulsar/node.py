@@ -820,9 +820,22 @@ class Node:
 
         async def fetch(cid: CID) -> bytes:
             local = self._local_block(cid)
-            return local if local is not None else await self.dht.get(cid)
+            if local is not None:
+                return local
+            block = await self.dht.get(cid)
+            self._store_block(cid, block)  # kept: this node now serves it as a replica
+            return block
 
         return await assemble(event.payload, fetch)
+
+    async def _keep_payload(self, event: EventDescriptor) -> None:
+        """Fetch and keep the chunk tree of a delivered event that arrived without it
+        (backfill, or fragments given up): every subscriber holds what it delivered, so
+        the payload outlives its publisher as the event does."""
+        try:
+            await self.payload_of(event)
+        except Exception as exc:  # the DHT may have it later; readers fetch it then
+            log.info("payload of %s not kept: %s", event.cid, exc)
 
     # ------------------------------------------------------------------ I/O callbacks
 
@@ -999,6 +1012,8 @@ class Node:
     def _deliver(self, topic: CID, event: EventDescriptor) -> None:
         self._pending_log.setdefault(topic, []).append(event.cid)
         self._schedule_flush()
+        if isinstance(event.payload, CID) and self._local_block(event.payload) is None:
+            self._spawn(self._keep_payload(event))
         for sub in self._subscriptions.get(topic, ()):
             sub._push(event)
 
