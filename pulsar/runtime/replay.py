@@ -169,6 +169,7 @@ async def _walk(
     signature check) as soon as the block arrives, and its fetch starts before the block
     is verified, so a chain's network round trips overlap with the verification."""
     found: dict[CID, EventDescriptor] = {}
+    deferred: dict[CID, EventDescriptor] = {}
     wanted: set[CID] = set()
     fetching: dict[CID, asyncio.Task[bytes | None]] = {}
     order: deque[CID] = deque()
@@ -207,7 +208,7 @@ async def _walk(
                 continue  # before the range: neither it nor its ancestors
             if parent is not None:
                 want(parent)
-            event = await _verified(node, first, versions, cid, block)
+            event = await _verified(node, first, versions, cid, block, deferred)
             if event is None:
                 continue
             found[cid] = event
@@ -218,11 +219,28 @@ async def _walk(
     finally:
         for task in fetching.values():
             task.cancel()
+    # A revoked publisher's event is valid when it is in the history the revoking version
+    # records: a sanctioned child vouches for its parent. A walk may reach the parent first
+    # (by a shorter path from another head), so events refused for that are judged again
+    # until no more are admitted.
+    progress = True
+    while deferred and progress:
+        progress = False
+        for cid, event in list(deferred.items()):
+            if versions.admit(first.cid, event) is None:
+                found[cid] = event
+                del deferred[cid]
+                progress = True
+    for cid, event in deferred.items():
+        log.warning("replay of %s: event %s: %s may no longer publish and the event is not "
+                    "in the history the latest version records", first.cid, cid,
+                    event.publisher)
     return list(found.values())
 
 
 async def _verified(node: Node, first: TopicDescriptor, versions: TopicVersions, cid: CID,
-                    block: bytes) -> EventDescriptor | None:
+                    block: bytes, deferred: dict[CID, EventDescriptor]
+                    ) -> EventDescriptor | None:
     """The event if the block is a valid event of the topic, judged as a subscriber would
     (CID, signatures, the rights rule under the latest version), else None (logged)."""
     try:
@@ -236,6 +254,9 @@ async def _verified(node: Node, first: TopicDescriptor, versions: TopicVersions,
             return None
     problem = versions.admit(first.cid, event)
     if problem is not None:
-        log.warning("replay of %s: %s", first.cid, problem)
+        if "may no longer publish" in problem:
+            deferred[cid] = event  # may be vouched for by a child judged later
+        else:
+            log.warning("replay of %s: %s", first.cid, problem)
         return None
     return event
