@@ -180,6 +180,17 @@ class TopicVersions:
             self._sanction(sanctioned, event.parent)
         return None
 
+    def sanctioned(self, first: CID) -> list[CID]:
+        """The events of topic ``first`` known to be vouched for so far (recorded heads
+        and the ancestors admitted from them)."""
+        return list(self._sanctioned.get(first, ()))
+
+    def vouch(self, first: CID, cid: CID) -> None:
+        """Mark ``cid`` as in the history a version records, because its caller found it
+        to be an ancestor of a vouched event by other means (a replay that walked the
+        whole DAG first)."""
+        self._sanction(self._sanctioned.setdefault(first, OrderedDict()), cid)
+
     def is_sanctioned(self, first: CID, cid: CID) -> bool:
         sanctioned = self._sanctioned.get(first)
         return sanctioned is not None and cid in sanctioned

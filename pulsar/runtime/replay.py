@@ -220,17 +220,27 @@ async def _walk(
         for task in fetching.values():
             task.cancel()
     # A revoked publisher's event is valid when it is in the history the revoking version
-    # records: a sanctioned child vouches for its parent. A walk may reach the parent first
-    # (by a shorter path from another head), so events refused for that are judged again
-    # until no more are admitted.
-    progress = True
-    while deferred and progress:
-        progress = False
+    # records: a recorded head or an ancestor of one. Judged during the walk, that depends
+    # on meeting each child before its parent, which a DAG walked from several heads does
+    # not ensure; events refused for it are judged again once the whole walk is known.
+    if deferred:
+        # Vouched for = an ancestor of a vouched event, whichever order the walk met them.
+        events = {**found, **deferred}
+        stack = [c for c in versions.sanctioned(first.cid) if c in events]
+        seen: set[CID] = set()
+        while stack:
+            cid = stack.pop()
+            if cid in seen:
+                continue
+            seen.add(cid)
+            versions.vouch(first.cid, cid)
+            parent = events[cid].parent
+            if parent is not None and parent in events:
+                stack.append(parent)
         for cid, event in list(deferred.items()):
             if versions.admit(first.cid, event) is None:
                 found[cid] = event
                 del deferred[cid]
-                progress = True
     for cid, event in deferred.items():
         log.warning("replay of %s: event %s: %s may no longer publish and the event is not "
                     "in the history the latest version records", first.cid, cid,
