@@ -63,12 +63,14 @@ class Cluster:
     """``size`` node processes (plus spares, e.g. a fresh replayer) on a test network."""
 
     def __init__(
-        self, net: TestNetwork, run_dir: Path, token: str, *, disk_mib: int, bootstrap: int = 3
+        self, net: TestNetwork, run_dir: Path, token: str, *, disk_mib: int,
+        min_acks: int = 1, bootstrap: int = 3,
     ) -> None:
         self.net = net
         self.run_dir = run_dir
         self.token = token
         self.disk_mib = disk_mib
+        self.min_acks = min_acks
         self.bootstrap = bootstrap
         self.nodes: dict[int, NodeProcess] = {}
         self._logs: list[IO[bytes]] = []
@@ -132,6 +134,8 @@ class Cluster:
             str(API_PORT),
             "--token",
             self.token,
+            "--min-acks",
+            str(self.min_acks),
         ]
         for seed in seeds:
             argv += ["--bootstrap", self.p2p(seed)]

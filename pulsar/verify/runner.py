@@ -93,7 +93,8 @@ async def run_verify(scenario: Scenario, run_dir: Path, *, quiet: bool = False) 
     await asyncio.to_thread(cleanup_leftovers, PREFIX)
     net = TestNetwork(PREFIX, scenario.nodes + 1)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    cluster = Cluster(net, run_dir, token, disk_mib=scenario.disk_mib)
+    cluster = Cluster(net, run_dir, token, disk_mib=scenario.disk_mib,
+                      min_acks=scenario.min_acks)
     history = HistoryWriter(run_dir / "history.jsonl")
     faults_done: list[dict[str, Any]] = []
     wire: dict[int, int] = {}

@@ -14,6 +14,7 @@ same faults at the same offsets.
     faults = ["partition-halves", "kill-restart", ...]  # the mix (default: every kind)
     every_kind = true  # the schedule holds each kind of the mix at least once
     settle = 60.0      # after the last heal, at most this long for every node to converge
+    min_acks = 3       # the nodes' write quorum (3: every publisher is killed at the end)
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class Scenario:
     settle: float = 60.0
     disk_mib: int = 256
     """Size of each node's data directory (a tmpfs), so ``disk-full`` can fill it."""
+    min_acks: int = 3
+    """The nodes' write quorum. An acknowledged event is held by its publisher and at least
+    ``min_acks`` others, so it survives the loss of any ``min_acks`` of them; the run
+    kills all three publishers at the end, so it needs 3 (with 1, the quorum copy of a
+    last event may sit on another publisher only)."""
 
     def __post_init__(self) -> None:
         if not 5 <= self.nodes <= 60:
@@ -86,6 +92,8 @@ class Scenario:
             raise ScenarioError("large_every and large_bytes must be >= 1")
         if self.disk_mib < 64:
             raise ScenarioError("disk_mib must be >= 64")
+        if not 0 <= self.min_acks < self.nodes:
+            raise ScenarioError(f"min_acks must be in 0..{self.nodes - 1}")
 
     def with_(self, **changes: Any) -> Scenario:
         """This scenario with command-line overrides (``--seed``, ``--nodes``, ...)."""
