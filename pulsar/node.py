@@ -920,6 +920,9 @@ class Node:
                         if block is not None:
                             self._trace.published(EventDescriptor.from_block(block, out.event))
                 case ev.Published():
+                    if self._trace is not None and isinstance(self.core, FloodCore):
+                        # Floodsub keeps no outbox (no KeepPublished): it sends at once.
+                        self._trace.published(out.event)
                     self._acknowledge(out.request, out.event)
                 case ev.TopicReady():
                     self._acknowledge(out.request, out.topic)

@@ -165,31 +165,30 @@ class Workload:
         raise AssertionError("unreachable")
 
     async def subscribe(self, node: int, topic: _Topic) -> None:
-        assert topic.cid is not None
-        op = self.history.invoke(f"client-{node}", "subscribe", node, topic.cid, {})
-        try:
-            await self.client(node).subscribe(topic.cid)
-        except ApiError as exc:
-            self.history.complete(op, "fail", {"error": str(exc)})
-            return
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self.history.complete(op, "info", {"error": repr(exc)})
-            return
-        self.history.complete(op, "ok", {})
-        self.reading.add((node, topic.cid))
+        if await self._membership(node, topic, "subscribe"):
+            assert topic.cid is not None
+            self.reading.add((node, topic.cid))
 
     async def unsubscribe(self, node: int, topic: _Topic) -> None:
+        await self._membership(node, topic, "unsubscribe")
+
+    async def _membership(self, node: int, topic: _Topic, f: str) -> bool:
+        """One subscribe or unsubscribe, recorded: a problem answer is a fail, a lost
+        connection or time-out an info (it may have taken effect). True when ok."""
         assert topic.cid is not None
-        op = self.history.invoke(f"client-{node}", "unsubscribe", node, topic.cid, {})
+        op = self.history.invoke(f"client-{node}", f, node, topic.cid, {})
+        client = self.client(node)
+        call = client.subscribe if f == "subscribe" else client.unsubscribe
         try:
-            await self.client(node).unsubscribe(topic.cid)
+            await call(topic.cid)
         except ApiError as exc:
             self.history.complete(op, "fail", {"error": str(exc)})
-            return
+            return False
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self.history.complete(op, "info", {"error": repr(exc)})
-            return
+            return False
         self.history.complete(op, "ok", {})
+        return True
 
     # ------------------------------------------------------------------ the run
 
