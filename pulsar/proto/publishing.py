@@ -406,8 +406,9 @@ class Publishing(CoreParts):
         if latest is None:
             return []
         heads = self.backfill.heads(tree.topic.cid)
-        if tree.last_seen is not None and tree.last_seen not in heads:
-            heads.append(tree.last_seen)
+        last = self._stores.last_persisted(tree.last_seen)
+        if last is not None and last not in heads:
+            heads.append(last)
         tree.record_seq = max(tree.record_seq + 1, int(now * 1000))
         peers = tuple(p for p in tree.publishers if p != self.me)[-MAX_RECORD_PEERS:]
         tree.recorded_publishers = frozenset(peers)

@@ -75,13 +75,21 @@ class OwnStores:
         return ready, []
 
     def last_persisted(self, cid: CID | None) -> CID | None:
-        """``cid`` or, if it failed, its nearest ancestor that did not: what LAST_SEEN may
-        link to. A failed event's parent may have failed too (its store finished later),
-        and linking to either would fail every event after it."""
+        """``cid`` or, if it failed or is still being stored, its nearest ancestor that
+        is persisted: what LAST_SEEN may link to after a failure (a failed event's parent
+        may have failed too, and linking to either would fail every event after it), and
+        what a heads record may name (a record naming an event that then fails would
+        point readers at a block nobody has)."""
         seen: set[CID] = set()
-        while cid is not None and cid in self._failed and cid not in seen:
+        while cid is not None and cid not in seen:
             seen.add(cid)
-            cid = self._failed[cid]
+            if cid in self._failed:
+                cid = self._failed[cid]
+                continue
+            waiting = self._pending.get(cid) or self._early.get(cid)
+            if waiting is None:
+                break
+            cid = waiting.event.parent  # not stored yet: it may still fail
         return cid
 
     def _fail(self, first: Stored) -> list[Stored]:

@@ -92,6 +92,20 @@ def test_after_a_failed_chain_the_next_event_links_to_the_last_persisted_one() -
     assert _of(ev.CommandFailed, out) == []
 
 
+def test_a_heads_record_never_names_an_event_still_being_stored() -> None:
+    """Found by pulsarcast verify (seed 13): a record written while an event's store was
+    in flight named it; the store then missed the quorum, and a fresh reader's replay
+    could never complete (the record pointed at a block nobody had)."""
+    meta, topic = _topic()
+    core = _author(meta, topic, {})
+    (s0,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"e0", None, 1), 11.0))
+    core.handle(ev.DhtStored(s0.cid, 1), 11.0)
+    (s1,) = _of(ev.StoreDht, core.handle(ev.Publish(topic.cid, b"e1", None, 2), 12.0))
+    (stored,) = _of(ev.StoreRecord, core.handle(ev.Flush(), 12.1))  # e1 still in flight
+    assert stored.record.heads == (s0.cid,)
+    core.handle(ev.DhtStored(s1.cid, 0), 12.2)  # and it fails
+
+
 def test_a_restarted_author_builds_on_its_latest_version_and_links_to_its_last_event() -> None:
     meta, topic = _topic(allowed_publishers=[BOB.peer_id])
     blocks: dict[CID, bytes] = {}
