@@ -180,6 +180,25 @@ class TopicVersions:
             self._sanction(sanctioned, event.parent)
         return None
 
+    def needs_vouching(self, first: CID, event: EventDescriptor) -> bool:
+        """Whether :meth:`admit` refuses ``event`` only because no recorded history vouches
+        for it yet: its publisher may publish under the version it names but not under the
+        latest. A caller that has not seen the whole DAG yet may judge it again later."""
+        latest = self._latest.get(first)
+        named = self._topics.get(event.topic)
+        if latest is None or named is None or named is latest:
+            return False
+        try:
+            check_rights(event, latest)
+            return False
+        except InvalidDescriptor:
+            pass
+        try:
+            check_rights(event, named)
+        except InvalidDescriptor:
+            return False
+        return not self.is_sanctioned(first, event.cid)
+
     def sanctioned(self, first: CID) -> list[CID]:
         """The events of topic ``first`` known to be vouched for so far (recorded heads
         and the ancestors admitted from them)."""

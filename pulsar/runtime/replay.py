@@ -264,7 +264,7 @@ async def _verified(node: Node, first: TopicDescriptor, versions: TopicVersions,
             return None
     problem = versions.admit(first.cid, event)
     if problem is not None:
-        if "may no longer publish" in problem:
+        if versions.needs_vouching(first.cid, event):
             deferred[cid] = event  # may be vouched for by a child judged later
         else:
             log.warning("replay of %s: %s", first.cid, problem)

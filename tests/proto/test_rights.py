@@ -16,6 +16,7 @@ from pulsar.proto import events as ev
 from pulsar.proto.core import PulsarCore
 from pulsar.proto.messages import Event
 from pulsar.proto.repair_messages import Blocks, Heads, Joined, Want
+from pulsar.proto.versions import TopicVersions
 
 
 class NoRouting:
@@ -312,3 +313,24 @@ def test_a_publish_waiting_for_a_version_that_is_not_found_is_made_with_the_cloc
     out = bob.handle(ev.BlockFetched(missing.cid, None), 2000.4)
     (store,) = [o for o in out if isinstance(o, ev.StoreDht)]
     assert abs(EventDescriptor.from_block(store.block).created_at - 2000.4) < 0.001
+
+
+def test_needs_vouching_names_exactly_the_refusals_a_recorded_history_could_lift() -> None:
+    """Replay judges such events again once the whole walk is known; nothing else."""
+
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    v2 = TopicDescriptor.create(AUTHOR, "t", meta=meta.cid, parent=v1.cid,
+                                allowed_publishers=[], now=20.0)
+    versions = TopicVersions()
+    versions.add(v1)
+    versions.add(v2)
+    bob_before = EventDescriptor.create(BOB, v1.cid, b"before the revocation", now=15.0)
+    bob_after = EventDescriptor.create(BOB, v2.cid, b"after it", now=25.0)
+    author = EventDescriptor.create(AUTHOR, v2.cid, b"allowed", now=25.0)
+    assert versions.admit(v1.cid, bob_before) is not None
+    assert versions.needs_vouching(v1.cid, bob_before)
+    assert not versions.needs_vouching(v1.cid, bob_after)  # refused for good
+    assert not versions.needs_vouching(v1.cid, author)  # not refused at all
+    versions.vouch(v1.cid, bob_before.cid)
+    assert not versions.needs_vouching(v1.cid, bob_before)
+    assert versions.admit(v1.cid, bob_before) is None
