@@ -79,7 +79,9 @@ acknowledged, non-exempt events whose ok came before that op, paired with each e
 subscriber that had not yet received them by then; the value is the time of the last of
 those arrivals minus the op's time, 0.0 when nothing was missing, ``math.inf`` when one of
 them never arrived (reported as lost). ``converge_p50/p99/max`` are nearest-rank percentiles
-of those values, ``None`` without any.
+of those values, ``None`` without any. A node that is down or paused at the op, or is
+stopped again before those arrivals, is left out of that op's value: its own restart or
+resume measures its catch-up of the same events.
 
 **latencies** — for every first arrival of an acknowledged event at a node (any node), its
 time minus the publish invoke's time, in arrival order. **acknowledged** is the number of
@@ -787,7 +789,9 @@ class _Checker:
     def _converge(self, pairs: list[tuple[int, int, int]]) -> list[float]:
         """Per recovery op: the last arrival, among the nodes running at that op, of the
         events acknowledged before it (a node that is down or paused then is not lagging
-        behind the network: its own restart or resume measures its catch-up)."""
+        behind the network: its own restart or resume measures its catch-up). A node
+        stopped again before it had them all is left out the same way: its next restart
+        or resume counts the same events."""
         by_node: dict[int, tuple[list[int], list[int]]] = {}
         for ok, arrival, node in sorted(pairs):
             acked_at, latest = by_node.setdefault(node, ([], []))
@@ -800,7 +804,7 @@ class _Checker:
                 if self._down_at(node, op.index):
                     continue
                 k = bisect_left(acked_at, op.index)
-                if k:
+                if k and not self._stopped_between(node, op.index, latest[k - 1]):
                     last = max(last, latest[k - 1])
             if last < op.index:
                 values.append(0.0)
@@ -809,6 +813,11 @@ class _Checker:
             else:
                 values.append(self.history[last].time - op.time)
         return values
+
+    def _stopped_between(self, node: int, start: int, end: int) -> bool:
+        """Whether ``node`` was killed or paused after op ``start`` and before op ``end``:
+        its lag from then on is its own restart's or resume's to measure, not this op's."""
+        return any(start < stop < end for stop, _ in self.stops.get(node, ()))
 
     def _down_at(self, node: int, index: int) -> bool:
         """Whether ``node`` was killed (not yet restarted) or paused (not yet resumed) at

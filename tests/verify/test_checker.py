@@ -452,6 +452,23 @@ def test_convergence_leaves_out_a_node_that_is_down_until_it_restarts() -> None:
     assert result.ok
 
 
+def test_convergence_leaves_out_a_node_killed_before_it_caught_up() -> None:
+    """A node killed just after a heal, before the events reached it, catches up after its
+    restart: that restart's value counts the wait, the heal's does not."""
+    b = Builder()
+    b.subscribe(1, T1)
+    b.subscribe(2, T1)
+    b.at(10).publish(0, T1, "e1", "c1")
+    b.deliver(1, T1, "c1", 0)
+    b.at(15).nemesis("heal", id=1, kind="loss", nodes=[0, 1, 2])  # 1 has it; 2 runs
+    b.at(16.5).nemesis("kill", node=2)  # before c1 reached it
+    b.at(40).nemesis("restart", node=2)
+    b.at(42).deliver(2, T1, "c1", 0)
+    result = b.check()
+    assert result.converge == [0.0, 2.0]
+    assert result.ok
+
+
 def test_nearest_rank() -> None:
     assert nearest_rank([], 50) is None
     assert nearest_rank([3.0, 1.0, 2.0, 4.0], 50) == 2.0
