@@ -1,7 +1,7 @@
 """The node processes of a verify run, and the faults the OS makes on them.
 
 Each node is a real ``pulsarcast node`` process in its own network namespace
-(:class:`~pulsar.verify.netns.TestNetwork`): its p2p port on the data network (where the
+(:class:`~pulsar.netlab.netns.TestNetwork`): its p2p port on the data network (where the
 kernel faults traffic), its REST API on the management network (never faulted: the
 clients' view of a node is its API, and a partition must not look like a dead API).
 
@@ -33,7 +33,7 @@ from typing import IO
 
 import aiohttp
 
-from .netns import TestNetwork
+from ..netlab.netns import TestNetwork
 
 __all__ = ["FAKETIME_LIB", "Cluster", "NodeProcess", "P2P_PORT", "API_PORT"]
 

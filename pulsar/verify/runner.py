@@ -34,9 +34,9 @@ from api.auth import TOKEN_PREFIX
 from .checker import CheckResult, check
 from .cluster import Cluster
 from .history import HistoryWriter, read_history
-from .linkfaults import LinkFaults
+from ..netlab.linkfaults import LinkFaults
 from .nemesis import PlannedFault, schedule
-from .netns import TestNetwork, available, cleanup_leftovers
+from ..netlab.netns import TestNetwork, available, cleanup_leftovers
 from .scenario import Scenario
 from .workload import Workload
 

@@ -15,7 +15,7 @@ import pytest
 from pulsar.verify.checker import KINDS
 from pulsar.verify.cluster import FAKETIME_LIB
 from pulsar.verify.nemesis import schedule
-from pulsar.verify.netns import available
+from pulsar.netlab.netns import available
 from pulsar.verify.runner import PREFIX, run_verify
 from pulsar.verify.scenario import FAULT_KINDS, Scenario
 

@@ -2,9 +2,9 @@
 
 Why this exists: the kernels ``pulsarcast verify`` runs on do not always have netem
 (``CONFIG_NET_SCH_NETEM``), but every one of them has NFQUEUE, which hands each packet to a
-user-space process and waits for its verdict. One ``python -m pulsar.verify.nfqueue`` process
+user-space process and waits for its verdict. One ``python -m pulsar.netlab.nfqueue`` process
 runs inside a node's network namespace; an nftables rule there sends the node's outgoing
-data-network packets to its queue (:mod:`pulsar.verify.linkfaults` installs the rule).
+data-network packets to its queue (:mod:`pulsar.netlab.linkfaults` installs the rule).
 
 What happens to each packet (one seeded ``random.Random``, four draws per packet, always in
 this order, so a run with the same seed and the same packets replays exactly):
@@ -667,9 +667,9 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pulsar.verify.nfqueue --queue N [--delay-ms ...]``: see the module doc."""
+    """``python -m pulsar.netlab.nfqueue --queue N [--delay-ms ...]``: see the module doc."""
     parser = argparse.ArgumentParser(
-        prog="python -m pulsar.verify.nfqueue",
+        prog="python -m pulsar.netlab.nfqueue",
         description="Shape the packets of one NFQUEUE (delay, jitter, reorder, duplicate, "
         "corrupt, loss). Prints 'ready' once bound, and its counts as JSON on exit.",
     )

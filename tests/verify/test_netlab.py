@@ -24,16 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from pulsar.verify import linkfaults, netns, nfqueue
-from pulsar.verify.linkfaults import (
+from pulsar.netlab import linkfaults, netns, nfqueue
+from pulsar.netlab.linkfaults import (
     LinkFaults,
     _NodeState,
     blocked_pairs,
     render_filter,
     render_shape_table,
 )
-from pulsar.verify.netns import InterfaceCounters, TestNetwork, cleanup_leftovers
-from pulsar.verify.nfqueue import QueuedPacket, ShaperCore, ShaperStats, ShapeSpec
+from pulsar.netlab.netns import InterfaceCounters, TestNetwork, cleanup_leftovers
+from pulsar.netlab.nfqueue import QueuedPacket, ShaperCore, ShaperStats, ShapeSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7000
@@ -179,7 +179,7 @@ def root_only() -> None:
     # One test network per host: while another run (a `pulsarcast verify`) holds it, skip
     # rather than wait minutes for it.
     try:
-        netns._acquire_host(timeout=30.0)
+        netns._acquire_host(timeout=30.0, slot=0)
     except TimeoutError as error:
         pytest.skip(f"another test network is up on this host: {error}")
     netns._release_host()
@@ -247,6 +247,13 @@ def test_names_and_addresses_follow_the_plan() -> None:
     for bad in ("", "Pcv", "pcv1", "pcv-x", "a" * 14):
         with pytest.raises(ValueError):
             TestNetwork(bad, 3)
+    other = TestNetwork("pctx", 3, slot=1)  # a second network on the same host
+    assert other.data_address(2) == "198.18.1.12"
+    assert other.mgmt_address(0) == "198.19.1.10"
+    assert other.host_address == "198.19.1.1"
+    for slot in (-1, 16):
+        with pytest.raises(ValueError):
+            TestNetwork("pctx", 3, slot=slot)
 
 
 def test_counters_subtract() -> None:
@@ -323,7 +330,7 @@ class _FakeRtnl:
 
 
 def test_qdiscs_for_rate_and_netem_shape() -> None:
-    from pulsar.verify.linkfaults import Rate, _set_qdiscs
+    from pulsar.netlab.linkfaults import Rate, _set_qdiscs
 
     ipr = _FakeRtnl()
     rate = Rate(frozenset({0}), 1000, 6056, 100.0)
@@ -534,7 +541,7 @@ class TestLifetime:
     def _harness(self, prefix: str) -> subprocess.Popen[bytes]:
         code = (
             "import subprocess, sys, time\n"
-            "from pulsar.verify.netns import TestNetwork\n"
+            "from pulsar.netlab.netns import TestNetwork\n"
             f"with TestNetwork({prefix!r}, 2) as net:\n"
             "    quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\n"
             "    net.spawn(0, ['sleep', '60'], **quiet)\n"

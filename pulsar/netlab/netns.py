@@ -6,7 +6,7 @@ Layout for ``TestNetwork("pcv", 3)`` (names in the root namespace stay under 16 
     bridge pcvd (no address) ── veth pcv{i}d ═══ d0  198.18.0.(10+i)/24   data
     bridge pcvm 198.19.0.1/24 ── veth pcv{i}m ═══ m0  198.19.0.(10+i)/24   management
 
-Why two networks: :mod:`pulsar.verify.linkfaults` faults ``d0`` only, so the harness keeps
+Why two networks: :mod:`pulsar.netlab.linkfaults` faults ``d0`` only, so the harness keeps
 reaching every node's REST API over ``m0`` whatever the schedule does to node-to-node
 traffic. The management bridge isolates its ports from one another (bridge port flag
 ``isolated``), so two nodes can never talk over it and a partition cannot be bypassed: each
@@ -25,11 +25,14 @@ handler, unwinds itself). A forked copy of this process (``multiprocessing``, a 
 helper) never runs the teardown: the handler exits it at once and
 :meth:`~TestNetwork.destroy` is a no-op outside the building process.
 
-One network at a time per host: the management bridge owns 198.19.0.1/24 in the root
-namespace, so :meth:`TestNetwork.build` and :func:`cleanup_leftovers` take an ``flock`` on
-``/run/pulsarcast-verify.lock`` (released by the kernel when the holder dies) and wait for
-another run to finish; a leftover bridge of a dead run that still holds 198.19.0.1 is
-removed whatever its prefix.
+One network at a time per host and *slot*: the management bridge owns 198.19.0.1/24 in
+the root namespace, so :meth:`TestNetwork.build` and :func:`cleanup_leftovers` take an
+``flock`` on ``/run/pulsarcast-verify.lock`` (released by the kernel when the holder dies)
+and wait for another run to finish; a leftover bridge of a dead run that still holds
+198.19.0.1 is removed whatever its prefix. Slot ``k`` > 0 uses 198.18.k.0/24 and
+198.19.k.0/24 (host 198.19.k.1) and its own lock ``/run/pulsarcast-verify-k.lock``, so a
+``pulsarcast verify`` (slot 0) and a testbed run in namespaces (slot 1) can share a host
+when given different prefixes. One process holds one network at a time.
 
 Nothing here forks the Python process. :func:`in_namespace` runs a function in a
 short-lived thread that has ``setns(2)``-ed into the namespace (a network namespace belongs
@@ -76,17 +79,33 @@ __all__ = [
     "with_rtnl",
 ]
 
-#: Node-to-node protocol traffic: node i is 198.18.0.(10+i) (RFC 2544 benchmarking range).
+#: Node-to-node protocol traffic: node i is 198.18.0.(10+i) (RFC 2544 benchmarking range);
+#: slot k uses 198.18.k.0/24.
 DATA_NETWORK = "198.18.0.0/24"
 #: Harness-to-node REST traffic: node i is 198.19.0.(10+i), the host 198.19.0.1.
 MGMT_NETWORK = "198.19.0.0/24"
 HOST_MGMT_ADDRESS = "198.19.0.1"
 #: 10 + 239 = 249: the last node address stays below the broadcast address.
 MAX_NODES = 240
+MAX_SLOT = 15
+"""Slots 0..15: a network's third address byte."""
 #: Where named network namespaces are bind-mounted (as ``ip netns`` and pyroute2 do).
 NETNS_DIR = "/run/netns"
 
 _LOCK_PATH = "/run/pulsarcast-verify.lock"
+
+
+def _lock_path(slot: int) -> str:
+    return _LOCK_PATH if slot == 0 else f"/run/pulsarcast-verify-{slot}.lock"
+
+
+def _host_address(slot: int) -> str:
+    return f"198.19.{slot}.1"
+
+
+def _check_slot(slot: int) -> None:
+    if not 0 <= slot <= MAX_SLOT:
+        raise ValueError(f"slot must be within [0, {MAX_SLOT}], not {slot}")
 _CLONE_NEWNET = 0x40000000
 _IFNAMSIZ = 16
 _PREFIX = re.compile(r"[a-z](?:[a-z0-9]*[a-z])?")
@@ -287,20 +306,21 @@ def _root_links() -> list[str]:
         return [str(link.get_attr("IFLA_IFNAME")) for link in ipr.get_links()]
 
 
-def cleanup_leftovers(prefix: str, *, lock_timeout: float = 120.0) -> None:
+def cleanup_leftovers(prefix: str, *, lock_timeout: float = 120.0, slot: int = 0) -> None:
     """Remove every namespace, bridge and veth whose name starts with ``prefix`` and has the
     shape of a :class:`TestNetwork`'s (``{p}{i}``, ``{p}d``, ``{p}m``, ``{p}{i}d``,
     ``{p}{i}m``), first SIGKILLing the processes inside those namespaces.
 
-    Takes the host lock first, so it never tears down a network another process is still
-    using: it waits for that run to end (at most ``lock_timeout`` seconds). Names of another
+    Takes the host lock of ``slot`` first, so it never tears down a network another process
+    is still using: it waits for that run to end (at most ``lock_timeout`` seconds). Names of another
     shape (``pcvd-hub``) are never touched. A network of this process with a matching prefix
     is marked destroyed (its :meth:`~TestNetwork.destroy` becomes a no-op), since what it
     owned is gone. Safe to call when nothing is left."""
     from pyroute2 import netns
 
     _check_prefix(prefix)
-    _acquire_host(lock_timeout)
+    _check_slot(slot)
+    _acquire_host(lock_timeout, slot)
     try:
         with _registry_lock:
             for network in list(_live.values()):
@@ -353,6 +373,7 @@ def available() -> str | None:
 _registry_lock = threading.RLock()
 _live: dict[str, TestNetwork] = {}
 _host_lock_fd: int | None = None
+_host_lock_slot = 0
 _host_lock_users = 0
 _previous_sigterm: Any = None
 _atexit_registered = False
@@ -378,11 +399,18 @@ def _destroy_all() -> None:
             network.destroy()
 
 
-def _acquire_host(timeout: float) -> None:
+def _acquire_host(timeout: float, slot: int) -> None:
     global _host_lock_fd, _host_lock_users, _previous_sigterm, _atexit_registered, _owner_pid
+    global _host_lock_slot
     with _registry_lock:
+        if _host_lock_users and slot != _host_lock_slot:
+            raise RuntimeError(
+                f"this process holds test network slot {_host_lock_slot}, not {slot}: "
+                "one network at a time"
+            )
         if _host_lock_users == 0:
-            fd = os.open(_LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            path = _lock_path(slot)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             deadline = time.monotonic() + timeout
             while True:
                 try:
@@ -392,10 +420,11 @@ def _acquire_host(timeout: float) -> None:
                     if time.monotonic() > deadline:
                         os.close(fd)
                         raise TimeoutError(
-                            f"another test network holds {_LOCK_PATH} for more than {timeout} s"
+                            f"another test network holds {path} for more than {timeout} s"
                         ) from None
                     time.sleep(0.05)
             _host_lock_fd = fd
+            _host_lock_slot = slot
             main = threading.current_thread() is threading.main_thread()
             if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
                 _owner_pid = os.getpid()
@@ -429,8 +458,11 @@ class TestNetwork:
 
     __test__ = False  # not a pytest test class, whatever its name says
 
-    def __init__(self, prefix: str, size: int, *, lock_timeout: float = 120.0) -> None:
+    def __init__(
+        self, prefix: str, size: int, *, lock_timeout: float = 120.0, slot: int = 0
+    ) -> None:
         _check_prefix(prefix)
+        _check_slot(slot)
         if not 1 <= size <= MAX_NODES:
             raise ValueError(f"size must be within [1, {MAX_NODES}]")
         longest = f"{prefix}{size - 1}d"
@@ -438,6 +470,7 @@ class TestNetwork:
             raise ValueError(f"prefix {prefix!r} too long: interface {longest!r} > 15 bytes")
         self._prefix = prefix
         self._size = size
+        self._slot = slot
         self._lock_timeout = lock_timeout
         self._built = False
         self._holds_host = False
@@ -455,9 +488,13 @@ class TestNetwork:
         return self._size
 
     @property
+    def slot(self) -> int:
+        return self._slot
+
+    @property
     def host_address(self) -> str:
         """The root namespace's address on the management network."""
-        return HOST_MGMT_ADDRESS
+        return _host_address(self._slot)
 
     def _check(self, i: int) -> None:
         if not 0 <= i < self._size:
@@ -472,11 +509,11 @@ class TestNetwork:
 
     def data_address(self, i: int) -> str:
         self._check(i)
-        return f"198.18.0.{10 + i}"
+        return f"198.18.{self._slot}.{10 + i}"
 
     def mgmt_address(self, i: int) -> str:
         self._check(i)
-        return f"198.19.0.{10 + i}"
+        return f"198.19.{self._slot}.{10 + i}"
 
     def _root_link_names(self) -> list[str]:
         veths = [f"{self._prefix}{i}{end}" for i in range(self._size) for end in "dm"]
@@ -515,10 +552,10 @@ class TestNetwork:
             for prefix in _live:
                 if prefix != self._prefix:
                     raise RuntimeError(f"test network {prefix!r} is up: one network at a time")
-        _acquire_host(self._lock_timeout)
+        _acquire_host(self._lock_timeout, self._slot)
         self._holds_host = True
         try:
-            cleanup_leftovers(self._prefix)
+            cleanup_leftovers(self._prefix, slot=self._slot)
             self._take_host_address()
             with _registry_lock:
                 _live[self._prefix] = self
@@ -529,16 +566,16 @@ class TestNetwork:
             raise
 
     def _take_host_address(self) -> None:
-        """Make sure no other bridge holds 198.19.0.1: a leftover of a dead run with another
-        prefix is removed (we hold the host lock, so its owner is gone); a live network of
-        this process is an error."""
+        """Make sure no other bridge holds our host address (198.19.0.1 for slot 0): a
+        leftover of a dead run with another prefix is removed (we hold the slot's lock, so
+        its owner is gone); a live network of this process is an error."""
         from pyroute2 import IPRoute
 
         with IPRoute(groups=0) as ipr:
             holders = {
                 ipr.get_links(addr["index"])[0].get_attr("IFLA_IFNAME")
                 for addr in ipr.get_addr(family=socket.AF_INET)
-                if addr.get_attr("IFA_ADDRESS") == HOST_MGMT_ADDRESS
+                if addr.get_attr("IFA_ADDRESS") == self.host_address
             }
         for name in holders:
             other = name[:-1]
@@ -548,9 +585,9 @@ class TestNetwork:
                         f"test network {other!r} is up in this process: one network at a time"
                     )
             if name.endswith("m") and _PREFIX.fullmatch(other):
-                cleanup_leftovers(other)
+                cleanup_leftovers(other, slot=self._slot)
             else:
-                raise RuntimeError(f"{name} already holds {HOST_MGMT_ADDRESS}: not ours")
+                raise RuntimeError(f"{name} already holds {self.host_address}: not ours")
 
     def _create(self) -> None:
         from pyroute2 import IPRoute
@@ -565,7 +602,7 @@ class TestNetwork:
                 _write_sysctl(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6", "1")
                 bridges[name] = ipr.link_lookup(ifname=name)[0]
             mgmt = bridges[self.mgmt_bridge()]
-            ipr.addr("add", index=mgmt, address=HOST_MGMT_ADDRESS, prefixlen=24)
+            ipr.addr("add", index=mgmt, address=self.host_address, prefixlen=24)
             for index in bridges.values():
                 ipr.link("set", index=index, state="up")
             for i in range(self._size):

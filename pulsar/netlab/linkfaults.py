@@ -1,7 +1,7 @@
 """Network faults made by the kernel, on node-to-node traffic only.
 
 Every fault applies to the data interface ``d0`` inside the nodes' namespaces
-(:mod:`pulsar.verify.netns`); the management network (``m0``, the REST API) is never
+(:mod:`pulsar.netlab.netns`); the management network (``m0``, the REST API) is never
 touched. One :class:`LinkFaults` owns all of them and keeps them as data: a dict from
 :data:`FaultId` to a frozen fault (:class:`Loss`, :class:`Partition`, :class:`Rate`,
 :class:`Shape`). After every change it works out what each node's kernel should hold and
@@ -21,7 +21,7 @@ What makes each fault (:meth:`LinkFaults.mechanism` says it for the report):
     netem when the kernel has it (found out once per process by adding one on ``lo``);
     otherwise a table ``ip pcvq`` whose output chain (priority -10, so before ``pcv``: a
     partition also stops packets the shaper held back) sends ``d0``'s unmarked IPv4 packets
-    to NFQUEUE ``N`` with ``bypass``, and a :mod:`pulsar.verify.nfqueue` process bound to
+    to NFQUEUE ``N`` with ``bypass``, and a :mod:`pulsar.netlab.nfqueue` process bound to
     ``N`` inside the namespace. The rule is the native nftables ``queue`` statement, or the
     xtables ``NFQUEUE`` target through nft_compat on kernels without ``CONFIG_NFT_QUEUE``
     (checked once). A new spec starts a new shaper on a fresh queue number, switches the
@@ -121,7 +121,7 @@ Fault = Loss | Partition | Rate | Shape
 
 
 def available() -> str | None:
-    """None when faults can be made here (beyond :func:`pulsar.verify.netns.available`),
+    """None when faults can be made here (beyond :func:`pulsar.netlab.netns.available`),
     else the reason: the ``nft`` tool (Debian package ``nftables``) is required."""
     if shutil.which("nft") is None:
         return "the nft command is missing (apt-get install nftables)"
@@ -175,7 +175,7 @@ def render_shape_table(
     queue: int | None, *, native: bool, mark: int = DEFAULT_MARK, table: str = SHAPE_TABLE
 ) -> str:
     """The ``nft -f`` script for the queueing table: None deletes it. With ``native``
-    False the ``shape`` chain is left empty for :func:`pulsar.verify.nfqueue.set_queue_rule`
+    False the ``shape`` chain is left empty for :func:`pulsar.netlab.nfqueue.set_queue_rule`
     to fill (xtables target)."""
     script = [f"table ip {table}", f"delete table ip {table}"]
     if queue is None:
@@ -531,7 +531,7 @@ class LinkFaults:
         argv = [
             self.python,
             "-m",
-            "pulsar.verify.nfqueue",
+            "pulsar.netlab.nfqueue",
             f"--queue={queue}",
             f"--seed={seed}",
             f"--mark={DEFAULT_MARK:#x}",
