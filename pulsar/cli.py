@@ -616,7 +616,7 @@ def _testbed(args: argparse.Namespace) -> int:
     from .testbed.runner import run_scenario_file
 
     return run_scenario_file(Path(args.scenario), Path(args.out) if args.out else None,
-                             protocols=args.protocol, progress=not args.quiet)
+                             protocols=args.protocol, progress=not args.quiet, netns=args.netns)
 
 
 def _add_testbed(sub: Any) -> None:
@@ -629,6 +629,10 @@ def _add_testbed(sub: Any) -> None:
                      help="run directory to write (default: runs/<scenario>-<time>)")
     run.add_argument("--protocol", action="append", choices=["pulsarcast", "floodsub"],
                      default=None, help="run only this protocol (repeatable; default: both)")
+    run.add_argument("--netns", action="store_true",
+                     help="each node in its own network namespace, the scenario's latency, "
+                     "loss and partitions made by the kernel, bytes on the wire from its "
+                     "interface counters (root; docs/testbed.md)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.set_defaults(handler=_testbed)
 

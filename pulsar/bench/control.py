@@ -131,13 +131,14 @@ class WorkerProcess:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def spawn(cls, module: str, label: str, *, quiet: bool = False) -> WorkerProcess:
+    async def spawn(cls, module: str, label: str, *, quiet: bool = False,
+                    env_extra: dict[str, str] | None = None) -> WorkerProcess:
         """Start ``python -m module``. ``quiet`` sends the child's stderr (its logs) to
-        /dev/null instead of ours."""
+        /dev/null instead of ours; ``env_extra`` adds to the child's environment."""
         # A source checkout works without installation too: the child imports the same
         # packages this process did.
         source = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
+        env = dict(os.environ) | (env_extra or {})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
         process = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -74,6 +74,7 @@ __all__ = [
     "TestNetwork",
     "available",
     "cleanup_leftovers",
+    "enter",
     "in_namespace",
     "namespace_pids",
     "with_rtnl",
@@ -155,6 +156,20 @@ def _setns(fd: int) -> None:
     if _libc.setns(fd, _CLONE_NEWNET) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"setns: {os.strerror(code)}")
+
+
+def enter(path: str) -> None:
+    """Move the calling thread into the network namespace at ``path``, for good.
+
+    Called first thing by a process that has not started any thread yet, this moves the
+    whole process (threads it starts later inherit the namespace): how a child started by
+    asyncio's subprocess support, which cannot run code in a chosen namespace before
+    ``exec``, gets there (``PULSARCAST_NETNS`` in :mod:`pulsar.testbed.agent`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
 
 
 def in_namespace(path: str, function: Callable[[], _T]) -> _T:
@@ -312,8 +327,8 @@ def cleanup_leftovers(prefix: str, *, lock_timeout: float = 120.0, slot: int = 0
     ``{p}{i}m``), first SIGKILLing the processes inside those namespaces.
 
     Takes the host lock of ``slot`` first, so it never tears down a network another process
-    is still using: it waits for that run to end (at most ``lock_timeout`` seconds). Names of another
-    shape (``pcvd-hub``) are never touched. A network of this process with a matching prefix
+    is still using: it waits for that run to end (at most ``lock_timeout`` seconds). Names
+    of another shape (``pcvd-hub``) are never touched. A network of this process with a matching prefix
     is marked destroyed (its :meth:`~TestNetwork.destroy` becomes a no-op), since what it
     owned is gone. Safe to call when nothing is left."""
     from pyroute2 import netns

@@ -6,9 +6,13 @@ node's own. Driven by the runner over :mod:`pulsar.bench.control`'s line protoco
 
 Commands:
 
-* ``start {index, data_dir, trace_path, protocol, seeds, port, life, network}`` — start the
-  node (``port`` 0 the first time; the same port again on restart, so peers' routing tables
-  stay right), with the scenario's link faults and a tracer; replies ``address``, ``peer``.
+* ``start {index, data_dir, trace_path, protocol, seeds, port, life, network, host}`` —
+  start the node on ``host`` (``port`` 0 the first time; the same port again on restart, so
+  peers' routing tables stay right), with the scenario's link faults (all zero when the
+  kernel makes them) and a tracer; replies ``address``, ``peer``.
+
+With ``PULSARCAST_NETNS`` set to a network namespace's path (a testbed run in namespaces,
+:mod:`pulsar.testbed.kernel`), the process moves into it before it opens any socket.
 * ``prove`` — prove the peer ids of the contacts the DHT knows.
 * ``create {name, order}`` — create a topic (``order``: only this node may publish,
   LAST_SEEN); replies its ``cid``.
@@ -39,6 +43,7 @@ from dag import CID, PeerId
 from ..bench.control import CommandWorker, run_worker
 from ..config import NodeConfig
 from ..net.faults import FaultInjector
+from ..netlab.netns import enter
 from ..node import Node, PublishError
 from ..proto.core import PulsarCore
 from .trace import TraceWriter
@@ -83,12 +88,14 @@ class _Agent(CommandWorker):
 
     async def start(self, index: int, data_dir: str, trace_path: str, protocol: str,
                     seeds: list[list[Any]], port: int, life: int,
-                    network: dict[str, float], seed: int) -> dict[str, Any]:
+                    network: dict[str, float], seed: int,
+                    host: str = "127.0.0.1") -> dict[str, Any]:
         self.faults = FaultInjector(seed * 1000 + index * 10 + life, drop_rate=network["loss"],
                                     latency=network["latency"], jitter=network["jitter"])
         self.tracer = NodeTracer(TraceWriter(Path(trace_path), index), life)
         config = NodeConfig(
             data_dir=Path(data_dir),
+            host=host,
             port=port,
             bootstrap=tuple((str(h), int(p)) for h, p in seeds),
             protocol=protocol,
@@ -218,6 +225,9 @@ class _Agent(CommandWorker):
 
 
 def main() -> None:
+    namespace = os.environ.get("PULSARCAST_NETNS")
+    if namespace:
+        enter(namespace)  # before any socket or thread
     logging.basicConfig(level=os.environ.get("PULSARCAST_TESTBED_LOG", "ERROR"))
     run_worker(_Agent)
 

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from ..bench.control import WorkerProcess
 from .delivery_logs import DELIVERY_LOGS, read_node_log, write_delivery_logs
+from .kernel import KernelNetwork, unavailable
 from .manifest import write_manifest
 from .scenario import Scenario, ScenarioError, load_scenario
 from .workload import FaultPlan, Plan, Publish, plan_workload
@@ -49,7 +50,7 @@ LEAD_TIME = 2.0
 
 
 def run_scenario_file(path: Path, out: Path | None, *, protocols: list[str] | None = None,
-                      progress: bool = True) -> int:
+                      progress: bool = True, netns: bool = False) -> int:
     """The CLI entry point: exit status 0, or 2 for a scenario that cannot be run."""
     try:
         scenario = load_scenario(path)
@@ -62,25 +63,33 @@ def run_scenario_file(path: Path, out: Path | None, *, protocols: list[str] | No
             print(f"pulsarcast testbed: {path} does not run {', '.join(sorted(unknown))}",
                   file=sys.stderr)
             return 2
+    if netns and unavailable() is not None:
+        print(f"pulsarcast testbed: --netns cannot run here: {unavailable()}", file=sys.stderr)
+        return 2
     run_dir = out or Path("runs") / f"{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    asyncio.run(run_scenario(scenario, run_dir, protocols=protocols, progress=progress))
+    asyncio.run(run_scenario(scenario, run_dir, protocols=protocols, progress=progress,
+                             netns=netns))
     print(run_dir)
     return 0
 
 
 async def run_scenario(scenario: Scenario, run_dir: Path, *,
                        protocols: list[str] | None = None,
-                       progress: bool = True) -> dict[str, Any]:
-    """Run every protocol of ``scenario``; return the manifest written to ``run_dir``."""
+                       progress: bool = True, netns: bool = False) -> dict[str, Any]:
+    """Run every protocol of ``scenario``; return the manifest written to ``run_dir``.
+    ``netns``: each node in a network namespace of its own, the scenario's network made by
+    the kernel (:mod:`pulsar.testbed.kernel`), one fresh network per protocol."""
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_workload(scenario)
     manifest: dict[str, Any] = {"name": scenario.name, "scenario": scenario.to_dict(),
-                                "protocols": {}}
+                                "network": "netns" if netns else "loopback", "protocols": {}}
     for protocol in protocols or scenario.protocols:
         shutil.rmtree(run_dir / protocol, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix=f"pulsarcast-{protocol}-",
                                          dir=_data_parent()) as data:
-            run = _ProtocolRun(scenario, plan, protocol, run_dir, Path(data), progress)
+            kernel = KernelNetwork(scenario.nodes, scenario.network, scenario.seed) if netns \
+                else None
+            run = _ProtocolRun(scenario, plan, protocol, run_dir, Path(data), progress, kernel)
             manifest["protocols"][protocol] = await run.run()
         write_manifest(run_dir, manifest)
     return manifest
@@ -88,13 +97,14 @@ async def run_scenario(scenario: Scenario, run_dir: Path, *,
 
 class _ProtocolRun:
     def __init__(self, scenario: Scenario, plan: Plan, protocol: str, run_dir: Path,
-                 data_root: Path, progress: bool) -> None:
+                 data_root: Path, progress: bool, kernel: KernelNetwork | None = None) -> None:
         self.scenario = scenario
         self.plan = plan
         self.protocol = protocol
         self.trace_dir = run_dir / protocol
         self.data_root = data_root
         self.show = _Progress(protocol, progress)
+        self.kernel = kernel
         self.rng = random.Random(scenario.seed)
         n = scenario.nodes
         self.agents: list[WorkerProcess | None] = [None] * n
@@ -115,6 +125,9 @@ class _ProtocolRun:
     async def run(self) -> dict[str, Any]:
         started = time.time()
         try:
+            if self.kernel is not None:
+                self.show.stage(f"building {self.scenario.nodes} network namespaces")
+                await self.kernel.build()
             await self._start_all()
             await self._topics()
             await self._wait_ready()
@@ -133,9 +146,18 @@ class _ProtocolRun:
         finally:
             await asyncio.gather(*(a.close() for a in self.agents if a is not None),
                                  return_exceptions=True)
+            wire = None
+            if self.kernel is not None:
+                try:
+                    if self.kernel.net.built:
+                        wire = await self.kernel.wire()
+                finally:
+                    await self.kernel.close()
             self.show.done()
         logs = self._record_delivery_logs(ended)
+        extra = {} if wire is None else {"wire": wire}
         return {
+            **extra,
             "started": started,
             "publish_start": self.publish_start,
             "publish_end": publish_end,
@@ -168,8 +190,9 @@ class _ProtocolRun:
     # ------------------------------------------------------------------ nodes
 
     async def _spawn(self, index: int) -> WorkerProcess:
-        agent = await WorkerProcess.spawn("pulsar.testbed.agent",
-                                          f"{self.protocol} node {index}")
+        agent = await WorkerProcess.spawn(
+            "pulsar.testbed.agent", f"{self.protocol} node {index}",
+            env_extra=None if self.kernel is None else self.kernel.agent_env(index))
         self.agents[index] = agent
         return agent
 
@@ -181,13 +204,17 @@ class _ProtocolRun:
             "start", index=index, data_dir=str(self.data_root / f"node-{index}"),
             trace_path=str(self.trace_dir / f"node-{index}.jsonl"), protocol=self.protocol,
             seeds=addresses, port=self.ports[index], life=self.lives[index],
-            network=_network(self.scenario), seed=self.scenario.seed))
+            network=_network(self.scenario, self.kernel is not None), seed=self.scenario.seed,
+            host=self._host(index)))
         self.ports[index] = int(reply["address"][1])
         self.peers[index] = reply["peer"]
         self.up[index] = True
 
+    def _host(self, index: int) -> str:
+        return "127.0.0.1" if self.kernel is None else self.kernel.address(index)
+
     def _address(self, index: int) -> list[Any]:
-        return ["127.0.0.1", self.ports[index]]
+        return [self._host(index), self.ports[index]]
 
     async def _start_all(self) -> None:
         n = self.scenario.nodes
@@ -308,9 +335,15 @@ class _ProtocolRun:
                       [self.peers[i] for i in range(self.scenario.nodes) if i not in cut]]
             record["groups"] = [sorted(cut), [i for i in range(self.scenario.nodes)
                                               if i not in cut]]
-            await self._each(lambda a: a.call("partition", groups=groups), quiet=True)
+            if self.kernel is not None:
+                await self.kernel.partition(record["groups"])
+            else:
+                await self._each(lambda a: a.call("partition", groups=groups), quiet=True)
         elif step.kind == "heal":
-            await self._each(lambda a: a.call("heal"), quiet=True)
+            if self.kernel is not None:
+                await self.kernel.heal()
+            else:
+                await self._each(lambda a: a.call("heal"), quiet=True)
 
     async def _crash(self, node: int) -> None:
         agent = self.agents[node]
@@ -391,8 +424,11 @@ def _data_parent() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
-def _network(scenario: Scenario) -> dict[str, float]:
+def _network(scenario: Scenario, by_kernel: bool) -> dict[str, float]:
+    """The transport's fault injection: the scenario's, or none when the kernel makes it."""
     n = scenario.network
+    if by_kernel:
+        return {"latency": 0.0, "jitter": 0.0, "loss": 0.0}
     return {"latency": n.latency, "jitter": n.jitter, "loss": n.loss}
 
 

@@ -31,12 +31,12 @@ from typing import Any
 
 from api.auth import TOKEN_PREFIX
 
+from ..netlab.linkfaults import LinkFaults
+from ..netlab.netns import TestNetwork, available, cleanup_leftovers
 from .checker import CheckResult, check
 from .cluster import Cluster
 from .history import HistoryWriter, read_history
-from ..netlab.linkfaults import LinkFaults
 from .nemesis import PlannedFault, schedule
-from ..netlab.netns import TestNetwork, available, cleanup_leftovers
 from .scenario import Scenario
 from .workload import Workload
 

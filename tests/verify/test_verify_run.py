@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from pulsar.netlab.netns import available
 from pulsar.verify.checker import KINDS
 from pulsar.verify.cluster import FAKETIME_LIB
 from pulsar.verify.nemesis import schedule
-from pulsar.netlab.netns import available
 from pulsar.verify.runner import PREFIX, run_verify
 from pulsar.verify.scenario import FAULT_KINDS, Scenario
 
