@@ -545,14 +545,16 @@ class LinkFaults:
         shaper = _Shaper(process, queue, spec, stderr)
         line = _read_line(process, deadline=time.monotonic() + 15.0)
         if line.strip() != b"ready":
-            self._stop_shaper(node, shaper, keep_stats=False)
+            self._stop_shaper(node, shaper, keep_stats=False, close_stderr=False)
             stderr.seek(0)
             detail = stderr.read().decode(errors="replace").strip() or line.decode(errors="replace")
             stderr.close()
             raise FaultError(f"the NFQUEUE shaper of node {node} did not start: {detail}")
         return shaper
 
-    def _stop_shaper(self, node: int, shaper: _Shaper, *, keep_stats: bool = True) -> None:
+    def _stop_shaper(
+        self, node: int, shaper: _Shaper, *, keep_stats: bool = True, close_stderr: bool = True
+    ) -> None:
         process = shaper.process
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -567,7 +569,7 @@ class LinkFaults:
                 with contextlib.suppress(ValueError):
                     self._last_stats[node] = ShaperStats.parse(line)
                     break
-        if not shaper.stderr.closed:
+        if close_stderr and not shaper.stderr.closed:
             shaper.stderr.close()
 
 

@@ -18,14 +18,16 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 from pathlib import Path
 
 import pytest
 
 from pulsar.netlab import linkfaults, netns, nfqueue
 from pulsar.netlab.linkfaults import (
+    FaultError,
     LinkFaults,
     _NodeState,
     blocked_pairs,
@@ -286,6 +288,23 @@ def test_filter_script_is_exactly_the_faults() -> None:
     assert render_filter([], 0.0) == "table ip pcv\ndelete table ip pcv\n"
     assert "queue num 7 bypass" in render_shape_table(7, native=True)
     assert "queue" not in render_shape_table(7, native=False).split("jump")[1]
+
+
+class _LocalNetwork(TestNetwork):
+    """Spawns in this namespace: enough to start a (fake) shaper without root."""
+
+    def spawn(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs.pop("env", None)
+        return subprocess.Popen(list(argv), **kwargs)
+
+
+def test_a_shaper_that_cannot_start_says_why(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'cannot bind queue 0: EPERM' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    faults = LinkFaults(_LocalNetwork("pcvx", 3), shaper="nfqueue", python=str(fake))
+    with pytest.raises(FaultError, match="cannot bind queue 0: EPERM"):
+        faults._start_shaper(1, ShapeSpec(delay_ms=10.0))
 
 
 class _Recorder(LinkFaults):
