@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run lint bench screenshot evaluation sim-evaluation clean
+.PHONY: evaluation-netns test run lint bench screenshot evaluation sim-evaluation clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ SCENARIOS := baseline latency churn order
 evaluation: $(STAMP)
 	for s in $(SCENARIOS); do $(VENV)/bin/pulsarcast testbed run scenarios/$$s.toml --out runs/$$s || exit 1; done
 	$(VENV)/bin/pulsarcast report $(addprefix runs/,$(SCENARIOS)) --out docs/evaluation-report
+
+# The same four scenarios with every node in its own network namespace and the faults made
+# by the kernel; wire bytes from its interface counters (root; docs/testbed.md).
+evaluation-netns: $(STAMP)
+	for s in $(SCENARIOS); do $(VENV)/bin/pulsarcast testbed run scenarios/$$s.toml --netns --out runs/netns-$$s || exit 1; done
+	$(VENV)/bin/pulsarcast report $(addprefix runs/netns-,$(SCENARIOS)) --out docs/evaluation-report-netns
 
 # The simulator at 100, 1,000 and 10,000 nodes (docs/simulator.md, docs/evaluation.md):
 # one JSON line per run in docs/sim/results.jsonl, and the scaling plot. About 45 minutes

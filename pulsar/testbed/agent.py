@@ -44,7 +44,7 @@ from ..bench.control import CommandWorker, run_worker
 from ..config import NodeConfig
 from ..net.faults import FaultInjector
 from ..netlab.netns import enter
-from ..node import Node, PublishError
+from ..node import Node, NotPersisted, PublishError
 from ..proto.core import PulsarCore
 from .trace import TraceWriter
 from .tracer import NodeTracer
@@ -53,6 +53,9 @@ __all__ = ["main"]
 
 log = logging.getLogger("pulsar.testbed.agent")
 
+CREATE_ATTEMPTS = 5
+CREATE_RETRY_AFTER = 5.0
+"""As the REST API's ``Retry-After`` on ``503 not-persisted``."""
 SAMPLE_EVERY = 1.0
 FLUSH_EVERY = 0.25
 """A crash (SIGKILL) loses at most this much of the trace, as it would lose a log's tail."""
@@ -111,10 +114,21 @@ class _Agent(CommandWorker):
         return {"proven": proven}
 
     async def create(self, name: str, order: bool) -> dict[str, Any]:
+        """Create the topic, trying again as a client told ``503 not-persisted`` would
+        (the node may not have found its DHT contacts yet: a loaded host, a lossy link)."""
         node = self._node
         allowed = [node.peer_id] if order else None
-        topic = await node.create_topic(name, allowed_publishers=allowed)
-        return {"cid": str(topic.cid)}
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                topic = await node.create_topic(name, allowed_publishers=allowed)
+            except NotPersisted as exc:
+                if attempt + 1 == CREATE_ATTEMPTS:
+                    raise
+                log.warning("creating %s: %s; again in %.0f s", name, exc, CREATE_RETRY_AFTER)
+                await asyncio.sleep(CREATE_RETRY_AFTER)  # the Retry-After a client is given
+            else:
+                return {"cid": str(topic.cid), "attempts": attempt + 1}
+        raise AssertionError("unreachable")
 
     async def subscribe(self, topics: list[str]) -> dict[str, Any]:
         cids = [CID.parse(t) for t in topics]

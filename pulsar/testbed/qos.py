@@ -106,6 +106,7 @@ def compute_qos(spark: SparkSession, runs: Sequence[RunInput],
         metrics.update(_control_metrics(counts.get(key)))
         nodes = usage.get(key, [])
         metrics.update(_usage_metrics(nodes))
+        metrics["bytes"]["wire_total"] = part.wire_tx_bytes
         metrics["records"] = counts.get(key, {"total": 0, "by_kind": {}, "unreadable_lines": 0})
         metrics["records"]["files"] = len(part.trace_files)
         result[(run.label, part.protocol)] = ProtocolQos(

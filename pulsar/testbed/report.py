@@ -168,6 +168,8 @@ def _comparison(numerator: dict[str, Any], denominator: dict[str, Any]) -> dict[
             "bytes_pubsub": ratio(numerator["bytes"]["pubsub_total"],
                                   denominator["bytes"]["pubsub_total"]),
             "bytes_dht": ratio(numerator["bytes"]["dht_total"], denominator["bytes"]["dht_total"]),
+            "bytes_wire": ratio(numerator["bytes"].get("wire_total"),
+                                denominator["bytes"].get("wire_total")),
             "copies": ratio(numerator["copies"], denominator["copies"]),
             "cpu_s_total": ratio(numerator["cpu_s"]["total"], denominator["cpu_s"]["total"]),
             "latency_p50": ratio(numerator["latency_s"]["p50"], denominator["latency_s"]["p50"]),

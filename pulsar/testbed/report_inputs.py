@@ -42,6 +42,9 @@ class ProtocolRun:
     delivery_logs: DeliveryLogs | None = None
     """The nodes' durable delivery logs at the end of the run; None for a run directory
     without them (made before the runner recorded them): delivery then comes from traces."""
+    wire_tx_bytes: int | None = None
+    """Bytes every node sent on its link, from the kernel's interface counters: runs in
+    network namespaces (``testbed run --netns``) only."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,18 @@ def _protocols(run_dir: Path, manifest: dict[str, Any]) -> tuple[ProtocolRun, ..
             subscriptions=subscriptions, ordered_topics=ordered, topics=topics,
             faults=len(section.get("faults") or ()),
             delivery_logs=load_delivery_logs(trace_dir / DELIVERY_LOGS),
+            wire_tx_bytes=_wire(where, protocol, section.get("wire")),
         ))
     return tuple(protocols)
+
+
+def _wire(where: Path, protocol: str, wire: Any) -> int | None:
+    if wire is None:
+        return None
+    sent = wire.get("tx_bytes") if isinstance(wire, dict) else None
+    if not isinstance(sent, int) or isinstance(sent, bool) or sent < 0:
+        raise ValueError(f"{where}: protocols.{protocol}.wire has no byte count 'tx_bytes'")
+    return sent
 
 
 def _nodes(where: Path, protocol: str, nodes: Any) -> tuple[int, ...]:

@@ -78,6 +78,8 @@ _METRICS: list[_Row] = [
      _DOWN),
     ("bytes sent, DHT, all nodes (MiB)", lambda m: m["bytes"]["dht_total"], _mib, _DOWN),
     ("bytes sent, total, all nodes (MiB)", lambda m: m["bytes"]["total"], _mib, _DOWN),
+    ("bytes on the wire, all nodes (MiB; kernel counters, --netns runs)",
+     lambda m: m["bytes"].get("wire_total"), _mib, _DOWN),
     ("bytes sent per node, mean (MiB)", lambda m: m["bytes"]["per_node"]["total"]["mean"], _mib,
      _DOWN),
     ("bytes sent per node, max (MiB)", lambda m: m["bytes"]["per_node"]["total"]["max"], _mib,

@@ -20,6 +20,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -81,17 +82,29 @@ async def run_scenario(scenario: Scenario, run_dir: Path, *,
     the kernel (:mod:`pulsar.testbed.kernel`), one fresh network per protocol."""
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_workload(scenario)
+    # SIGTERM ends the run like Ctrl-C: every protocol run's teardown (agents, namespaces)
+    # still runs.
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        if task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
     manifest: dict[str, Any] = {"name": scenario.name, "scenario": scenario.to_dict(),
                                 "network": "netns" if netns else "loopback", "protocols": {}}
-    for protocol in protocols or scenario.protocols:
-        shutil.rmtree(run_dir / protocol, ignore_errors=True)
-        with tempfile.TemporaryDirectory(prefix=f"pulsarcast-{protocol}-",
-                                         dir=_data_parent()) as data:
-            kernel = KernelNetwork(scenario.nodes, scenario.network, scenario.seed) if netns \
-                else None
-            run = _ProtocolRun(scenario, plan, protocol, run_dir, Path(data), progress, kernel)
-            manifest["protocols"][protocol] = await run.run()
-        write_manifest(run_dir, manifest)
+    try:
+        for protocol in protocols or scenario.protocols:
+            shutil.rmtree(run_dir / protocol, ignore_errors=True)
+            with tempfile.TemporaryDirectory(prefix=f"pulsarcast-{protocol}-",
+                                             dir=_data_parent()) as data:
+                kernel = (KernelNetwork(scenario.nodes, scenario.network, scenario.seed)
+                          if netns else None)
+                run = _ProtocolRun(scenario, plan, protocol, run_dir, Path(data), progress,
+                                   kernel)
+                manifest["protocols"][protocol] = await run.run()
+            write_manifest(run_dir, manifest)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
     return manifest
 
 
