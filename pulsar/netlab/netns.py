@@ -328,9 +328,9 @@ def cleanup_leftovers(prefix: str, *, lock_timeout: float = 120.0, slot: int = 0
 
     Takes the host lock of ``slot`` first, so it never tears down a network another process
     is still using: it waits for that run to end (at most ``lock_timeout`` seconds). Names
-    of another shape (``pcvd-hub``) are never touched. A network of this process with a matching prefix
-    is marked destroyed (its :meth:`~TestNetwork.destroy` becomes a no-op), since what it
-    owned is gone. Safe to call when nothing is left."""
+    of another shape (``pcvd-hub``) are never touched. A network of this process with a
+    matching prefix is marked destroyed (its :meth:`~TestNetwork.destroy` becomes a no-op),
+    since what it owned is gone. Safe to call when nothing is left."""
     from pyroute2 import netns
 
     _check_prefix(prefix)

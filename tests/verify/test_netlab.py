@@ -20,8 +20,8 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
