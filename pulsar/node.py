@@ -905,7 +905,7 @@ class Node:
                     self._record_writes.add(task)
                     task.add_done_callback(self._record_writes.discard)
                 case ev.FetchRecords():
-                    self._spawn(self._fetch_records(out.topic, out.publishers))
+                    self._spawn(self._fetch_records(out.topic, out.publishers, out.request))
                 case ev.VersionAdopted():
                     self._store_block(out.version.cid, out.version.block)
                     self._flush()
@@ -1172,7 +1172,8 @@ class Node:
             self._apply(self.core.handle(ev.RecordStored(record.topic, record.seq, acks),
                                          time.time()))
 
-    async def _fetch_records(self, topic: CID, publishers: tuple[PeerId, ...]) -> None:
+    async def _fetch_records(self, topic: CID, publishers: tuple[PeerId, ...],
+                             request: int = 0) -> None:
         """The heads records of ``topic`` by ``publishers``, looked up concurrently; the
         core always gets an answer, empty when nothing was found."""
 
@@ -1186,7 +1187,8 @@ class Node:
         found = await asyncio.gather(*(one(p) for p in publishers))
         records = tuple(r for r in found if r is not None)
         if not self._stopped:
-            self._apply(self.core.handle(ev.RecordsFetched(topic, records), time.time()))
+            self._apply(self.core.handle(ev.RecordsFetched(topic, records, request),
+                                         time.time()))
 
     async def _fetch(self, cid: CID) -> None:
         local = self._local_block(cid)

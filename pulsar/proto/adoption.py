@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor, cid_of
+from dag.records import HeadsRecord
 from dag.codec import decode_fast
 from dag.errors import CodecError
 
@@ -67,6 +68,7 @@ class VersionAdoption(CoreParts):
     """The topic-command and version-adoption part of the core."""
 
     _topic_jobs: dict[CID, TopicJob]
+    _rights_updates: dict[int, ev.UpdateTopic]
     _parked_backfill: dict[CID, list[Backfilled]]
 
     def _on_create(self, cmd: ev.CreateTopic, now: float) -> Out:
@@ -87,7 +89,31 @@ class VersionAdoption(CoreParts):
             return [ev.CommandFailed(cmd.request, "only the topic's author may update it")]
         if current.is_meta:
             return [ev.CommandFailed(cmd.request, "a meta topic has no versions")]
+        rights = cmd.changes.allowed_publishers is not None or (
+            cmd.changes.request_to_publish is not None)
+        if rights and current.allowed_publishers.enabled:
+            # A publisher losing its rights keeps the events it was acknowledged for only if
+            # the new version records them (versions.py): every acknowledged event is named
+            # by its publisher's heads record (written before the acknowledgement), so read
+            # those records first and record their heads too, not only the heads this node
+            # happens to know.
+            publishers = tuple(dict.fromkeys((current.author, *current.allowed_publishers.peers)))
+            self._rights_updates[cmd.request] = cmd
+            return [ev.FetchRecords(cmd.topic, publishers, cmd.request)]
+        return self._build_update(cmd, (), now)
+
+    def _build_update(
+        self, cmd: ev.UpdateTopic, records: tuple[HeadsRecord, ...], now: float
+    ) -> Out:
+        """The new version, recording this node's heads and those of ``records``."""
+        current = self.versions.latest(cmd.topic)
+        tree = self._trees.get(cmd.topic)
+        if tree is None or current is None:
+            return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
         heads = self.backfill.heads(cmd.topic)
+        for record in records:
+            if record.topic == cmd.topic:
+                heads += [h for h in record.heads if h not in heads]
         if tree.last_seen is not None and tree.last_seen not in heads:
             heads.append(tree.last_seen)  # our own event still on its way into the DHT
         try:

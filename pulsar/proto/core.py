@@ -170,6 +170,7 @@ class PulsarCore(Publishing, VersionAdoption):
         self._version_fetches: set[CID] = set()
         self._stores = OwnStores()
         self._topic_jobs: dict[CID, TopicJob] = {}
+        self._rights_updates: dict[int, ev.UpdateTopic] = {}
         self._parent_checks: dict[CID, list[tuple[ev.Publish, CID]]] = {}
         """CUSTOM parents being fetched to verify before publishing, with what waits."""
         self._meta_wanted: set[CID] = set()
@@ -213,7 +214,11 @@ class PulsarCore(Publishing, VersionAdoption):
             case ev.RecordStored():
                 out = self._on_record_stored(event, now)
             case ev.RecordsFetched():
-                out = self._on_records(event, now)
+                update = self._rights_updates.pop(event.request, None) if event.request else None
+                if update is not None:
+                    out = self._build_update(update, event.records, now)
+                else:
+                    out = self._on_records(event, now)
             case ev.Subscribe():
                 out = self._on_subscribe(event, now)
             case ev.Unsubscribe():

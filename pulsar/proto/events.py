@@ -172,6 +172,8 @@ class RecordsFetched:
 
     topic: CID
     records: tuple[HeadsRecord, ...]
+    request: int = 0
+    """The ``FetchRecords.request`` this answers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,10 +337,13 @@ class StoreRecord:
 @dataclass(frozen=True, slots=True)
 class FetchRecords:
     """Look up the heads records of ``topic`` written by ``publishers``; the driver
-    answers with ``RecordsFetched`` (always, even when it found nothing)."""
+    answers with ``RecordsFetched`` (always, even when it found nothing), carrying the same
+    ``request``: 0 for the core's own syncs, a command's request for an ``UpdateTopic``
+    that changes publishing rights."""
 
     topic: CID
     publishers: tuple[PeerId, ...]
+    request: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -388,7 +388,7 @@ class SimNetwork:
                         )
                         if r is not None
                     )
-                    self.input(node.peer_id, ev.RecordsFetched(out.topic, records),
+                    self.input(node.peer_id, ev.RecordsFetched(out.topic, records, out.request),
                                2 * self.latency)
                 case ev.VersionAdopted():
                     node.store[out.version.cid] = out.version.block

@@ -154,6 +154,9 @@ def test_update_records_the_heads_stores_then_announces_on_the_meta_topic() -> N
     author.handle(ev.DhtStored(stored.cid, 2), 11.1)
     out = author.handle(ev.UpdateTopic(2, v1.cid, ev.TopicChanges(
         allowed_publishers=PublishRule(True, ()))), 12.0)
+    # A change of rights first reads the publishers' heads records (none found here).
+    assert out == [ev.FetchRecords(v1.cid, (AUTHOR.peer_id, BOB.peer_id), 2)]
+    out = author.handle(ev.RecordsFetched(v1.cid, (), 2), 12.05)
     assert [type(o) for o in out] == [ev.StoreDht]
     v2 = TopicDescriptor.from_block(out[0].block)
     assert v2.parent == v1.cid and v2.heads == (stored.cid,)
@@ -164,6 +167,34 @@ def test_update_records_the_heads_stores_then_announces_on_the_meta_topic() -> N
     assert EventDescriptor.from_block(announce.block).payload == v2.cid.raw
     out = author.handle(ev.DhtStored(announce.cid, 3), 12.2)
     assert ev.TopicReady(2, v2) in out
+
+
+def test_a_revocation_records_what_the_revoked_publisher_was_acknowledged_for() -> None:
+    """Issue #28 (verify, 25 nodes, seed 2): Bob's last events were acknowledged — named by
+    his heads record at quorum — but had not reached the author when the author revoked
+    him; the new version did not record them, so every node that learned of them later
+    refused them, and with them the allowed events behind them. The author now reads the
+    publishers' records before it writes the version, and records their heads."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    author = PulsarCore(AUTHOR, NoRouting())
+    author.handle(ev.Subscribe(meta, True, 0.0), 10.0)
+    author.handle(ev.Subscribe(v1, True, 0.0), 10.0)
+    bobs = _event(BOB, v1, b"acknowledged, never seen by the author", now=11.0)
+    record = HeadsRecord.create(BOB, v1.cid, 1, v1.cid, [bobs.cid], now=11.5)
+    out = author.handle(ev.UpdateTopic(2, v1.cid, ev.TopicChanges(
+        allowed_publishers=PublishRule(True, ()))), 12.0)
+    assert out == [ev.FetchRecords(v1.cid, (AUTHOR.peer_id, BOB.peer_id), 2)]
+    # The core's own syncs (request 0) do not answer the update.
+    assert not [o for o in author.handle(ev.RecordsFetched(v1.cid, (record,)), 12.01)
+                if isinstance(o, ev.StoreDht)]
+    out = author.handle(ev.RecordsFetched(v1.cid, (record,), 2), 12.05)
+    (store,) = [o for o in out if isinstance(o, ev.StoreDht)]
+    v2 = TopicDescriptor.from_block(store.block)
+    assert bobs.cid in v2.heads
+    # A reader that knows v2 accepts Bob's acknowledged event, and still refuses a new one.
+    reader = _reader(meta, v1, v2)
+    assert not _rejected(_receive(reader, v1, bobs, 3001.0))
+    assert _rejected(_receive(reader, v1, _event(BOB, v1, b"after", now=13.0), 3002.0))
 
 
 def test_only_the_author_may_update() -> None:
