@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor, cid_of
-from dag.records import HeadsRecord
 from dag.codec import decode_fast
 from dag.errors import CodecError
+from dag.records import HeadsRecord
 
 from . import events as ev
 from .events import Out
