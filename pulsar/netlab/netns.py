@@ -75,8 +75,10 @@ __all__ = [
     "available",
     "cleanup_leftovers",
     "enter",
+    "ensure_neighbour_room",
     "in_namespace",
     "namespace_pids",
+    "neighbour_limits",
     "with_rtnl",
 ]
 
@@ -278,6 +280,37 @@ def _kill_all(path: str, deadline: float) -> None:
 def _write_sysctl(path: str, value: str) -> None:
     with contextlib.suppress(OSError), open(path, "w") as handle:
         handle.write(value)
+
+
+_NEIGH = "/proc/sys/net/ipv4/neigh/default/gc_thresh{}"
+
+
+def neighbour_limits(size: int) -> tuple[int, int, int]:
+    """The ARP table thresholds (``gc_thresh1..3``) a network of ``size`` nodes needs.
+
+    The kernel's neighbour table is one table for every namespace, its limits set in the
+    root namespace only (default 128 / 512 / 1024 entries). A full mesh of ``size`` nodes
+    holds up to ``size * (size - 1)`` entries: 50 nodes already pass 1024, and beyond the
+    hard limit the kernel refuses new entries ("neighbor table overflow"), so a node that
+    started late cannot send a single packet (its UDP sends fail with ENOBUFS). Room for two
+    such networks (a verify run beside a testbed run) plus the host's own."""
+    hard = 2 * size * size + 1024
+    return hard // 8, hard // 2, hard
+
+
+def ensure_neighbour_room(size: int) -> None:
+    """Raise the host's ARP table thresholds to :func:`neighbour_limits` where lower.
+    Never lowers them (another network may be using the room); a host-wide change that
+    docs/operations.md names."""
+    for number, wanted in enumerate(neighbour_limits(size), start=1):
+        path = _NEIGH.format(number)
+        try:
+            with open(path) as handle:
+                current = int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+        if current < wanted:
+            _write_sysctl(path, str(wanted))
 
 
 # --- leftovers and availability -----------------------------------------------------------
@@ -572,6 +605,7 @@ class TestNetwork:
         try:
             cleanup_leftovers(self._prefix, slot=self._slot)
             self._take_host_address()
+            ensure_neighbour_room(self._size)
             with _registry_lock:
                 _live[self._prefix] = self
             self._built = True

@@ -201,8 +201,11 @@ def test_public_api_is_pinned() -> None:
         "TestNetwork",
         "available",
         "cleanup_leftovers",
+        "ensure_neighbour_room",
+        "enter",
         "in_namespace",
         "namespace_pids",
+        "neighbour_limits",
         "with_rtnl",
     ]
     assert sorted(linkfaults.__all__) == [
@@ -256,6 +259,14 @@ def test_names_and_addresses_follow_the_plan() -> None:
     for slot in (-1, 16):
         with pytest.raises(ValueError):
             TestNetwork("pctx", 3, slot=slot)
+
+
+def test_the_arp_table_has_room_for_a_full_mesh_of_two_networks() -> None:
+    """The kernel's neighbour table is shared by every namespace: 50 testbed nodes beside a
+    25-node verify run overflowed the default 1024 entries, and late nodes could not send."""
+    low, soft, hard = netns.neighbour_limits(100)
+    assert hard >= 2 * 100 * 99 + 512 and low <= soft <= hard
+    assert netns.neighbour_limits(5)[2] >= 1024  # never below the kernel's default
 
 
 def test_counters_subtract() -> None:
