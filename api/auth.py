@@ -14,6 +14,7 @@ import secrets
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from .problems import Handler, Problem
 
@@ -60,7 +61,7 @@ def load_or_create_token(data_dir: Path) -> str:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def auth_middleware(token: str) -> web.middleware:  # type: ignore[valid-type]
+def auth_middleware(token: str) -> Middleware:
     expected = f"Bearer {token}".encode()
 
     @web.middleware

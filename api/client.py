@@ -536,6 +536,8 @@ class Client:
         try:
             while True:
                 try:
+                    # __anext__() is typed Awaitable, but an async generator's is a
+                    # Coroutine (send/throw/close), which run_coroutine_threadsafe accepts
                     yield self._run(iterator.__anext__())  # type: ignore[arg-type]
                 except StopAsyncIteration:
                     return

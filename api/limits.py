@@ -105,4 +105,5 @@ class ServerLimits:
             except ValueError:
                 raise ValueError(f"PULSARCAST_API_{f.name.upper()} must be a number, not "
                                  f"{raw!r}") from None
-        return cls(**given)  # type: ignore[arg-type]
+        # Each value was parsed with its own field's type (float or int) just above.
+        return cls(**given)  # type: ignore[arg-type]  # see above

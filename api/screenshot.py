@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dag import CID
 from pulsar import Node
 from pulsar.devnet import Devnet
 
@@ -32,18 +33,18 @@ SHOWN = 2
 WAIT_MS = 60_000
 
 
-async def _trickle(node: Node, topic: object, stop: asyncio.Event) -> None:
+async def _trickle(node: Node, topic: CID, stop: asyncio.Event) -> None:
     """A live reading every 0.4 s until ``stop``, so deliveries per second are not zero."""
     reading = 0
     while not stop.is_set():
         reading += 1
         payload = json.dumps({"sensor": "hall", "celsius": 20 + reading % 5 / 10})
-        await node.publish(topic, payload.encode())  # type: ignore[arg-type]
+        await node.publish(topic, payload.encode())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.4)
 
 
-async def _populate(nodes: list[Node]) -> tuple[object, object]:
+async def _populate(nodes: list[Node]) -> tuple[CID, CID]:
     deploys = await nodes[0].create_topic("deploys")
     sensors = await nodes[0].create_topic("sensors/temperature")
     for node in nodes[1:]:

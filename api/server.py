@@ -90,6 +90,8 @@ class ApiServer:
     @property
     def url(self) -> str:
         server = self._site._server
+        # aiohttp types _server as AbstractServer, which has no .sockets in typeshed; the
+        # loop.create_server in GuardedSite.start gives a Server, which has them.
         assert server is not None and server.sockets  # type: ignore[attr-defined]
         host, port = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
         if ":" in host:

@@ -101,7 +101,11 @@ class DhtNode:
             raise ValueError("pass exactly one of db_path= or store=")
         config = config or DhtConfig()
         owns_store = store is None
-        block_store = BlockStore(db_path) if store is None else store  # type: ignore[arg-type]
+        if store is None:
+            assert db_path is not None  # exactly one of the two was passed (checked above)
+            block_store = BlockStore(db_path)
+        else:
+            block_store = store
         stats = DhtStats()
         storage = RecordStorage(block_store, max_records=config.max_records, stats=stats,
                                 commit_delay=config.commit_delay,
@@ -164,7 +168,7 @@ class DhtNode:
     @property
     def node_id(self) -> bytes:
         """The 20-byte Kademlia id: sha1 of the peer id bytes."""
-        return self._server.node.id  # type: ignore[no-any-return]
+        return self._server.node.id  # type: ignore[no-any-return]  # kademlia is untyped
 
     @property
     def address(self) -> tuple[str, int]:

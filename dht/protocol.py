@@ -790,7 +790,7 @@ class PulsarProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia is unt
 
     def rpc_ping(self, sender: Address, node_id: bytes) -> bytes:
         self._sender(sender, node_id)
-        return self.source_node.id  # type: ignore[no-any-return]
+        return self.source_node.id  # type: ignore[no-any-return]  # kademlia is untyped
 
     def rpc_store(self, sender: Address, node_id: bytes, key: bytes, value: object
                   ) -> bool | _StoreReply:

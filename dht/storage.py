@@ -113,7 +113,7 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
             ok = self.accepts(key, value)
             flags.append(ok)
             if ok:
-                self._queued.append((key, value))  # type: ignore[arg-type]
+                self._queued.append((key, value))  # type: ignore[arg-type]  # accepts() checked it
         future: asyncio.Future[list[bool]] = loop.create_future()
         if not any(flags):
             future.set_result(flags)

@@ -257,6 +257,7 @@ def encode_request(msg_id: bytes, name: str, args: Sequence[object]) -> bytes:
     """The datagram for a request; raises :class:`ValueError` beyond ``rpcudp``'s limit."""
     if name == "store_batch":
         node_id, items = args
+        # PulsarProtocol.store_batch is the only caller: (bytes, [[key, value], ...])
         body = _encode_store_batch(node_id, items)  # type: ignore[arg-type]
     else:
         body = umsgpack.packb([name, list(args)])
