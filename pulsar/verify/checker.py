@@ -81,7 +81,10 @@ those arrivals minus the op's time, 0.0 when nothing was missing, ``math.inf`` w
 them never arrived (reported as lost). ``converge_p50/p99/max`` are nearest-rank percentiles
 of those values, ``None`` without any. A node that is down or paused at the op, or is
 stopped again before those arrivals, is left out of that op's value: its own restart or
-resume measures its catch-up of the same events.
+resume measures its catch-up of the same events. Faults follow each other a few seconds
+apart, so a value may include the next fault's time: ``converge_uninterrupted`` keeps the
+values of recoveries that converged before the next fault began (and the run's last,
+after which no fault comes), and ``converge_final`` is the last recovery's value.
 
 **latencies** — for every first arrival of an acknowledged event at a node (any node), its
 time minus the publish invoke's time, in arrival order. **acknowledged** is the number of
@@ -98,7 +101,7 @@ import math
 import sys
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from .history import HistoryError, Op, _without_cyclic_gc
@@ -154,6 +157,18 @@ class CheckResult:
     delivered: int
     converge: list[float]
     latencies: list[float]
+    converge_uninterrupted: list[float] = field(default_factory=list)
+    """The values of ``converge`` whose wait no later fault interrupted: converged before
+    the next fault began, or after the run's last heal."""
+
+    @property
+    def converge_final(self) -> float | None:
+        """After the last recovery of the run, when every fault is over."""
+        return self.converge[-1] if self.converge else None
+
+    @property
+    def converge_uninterrupted_p99(self) -> float | None:
+        return nearest_rank(self.converge_uninterrupted, 99)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -313,6 +328,8 @@ class _Checker:
         self.deliveries: list[tuple[int, int, str, str, str, str]] = []
         self.replays: list[_Replay] = []
         self.recoveries: list[Op] = []
+        self.fault_starts: list[int] = []  # indices of "fault" ops, in order
+        self.uninterrupted: list[float] = []
         self.stops: dict[int, list[tuple[int, int]]] = {}
         """Per node, the op-index intervals it was killed or paused (end: restart/resume)."""
         self.reported: set[tuple[object, ...]] = set()
@@ -334,6 +351,7 @@ class _Checker:
             delivered=len(self.seen),
             converge=self._converge(pairs),
             latencies=self._latencies(),
+            converge_uninterrupted=self.uninterrupted,
         )
 
     def _report(
@@ -473,6 +491,8 @@ class _Checker:
             self.recoveries.append(op)
         elif f in _RECOVERIES:
             self.recoveries.append(op)
+        elif f == "fault":
+            self.fault_starts.append(op.index)
 
     def _stop_begins(self, node: int, index: int) -> None:
         stops = self.stops.setdefault(node, [])
@@ -791,7 +811,8 @@ class _Checker:
         events acknowledged before it (a node that is down or paused then is not lagging
         behind the network: its own restart or resume measures its catch-up). A node
         stopped again before it had them all is left out the same way: its next restart
-        or resume counts the same events."""
+        or resume counts the same events. Values whose wait the next fault did not cut
+        into are also kept apart (``uninterrupted``)."""
         by_node: dict[int, tuple[list[int], list[int]]] = {}
         for ok, arrival, node in sorted(pairs):
             acked_at, latest = by_node.setdefault(node, ([], []))
@@ -812,6 +833,9 @@ class _Checker:
                 values.append(math.inf)
             else:
                 values.append(self.history[last].time - op.time)
+            following = bisect_right(self.fault_starts, op.index)
+            if following == len(self.fault_starts) or last < self.fault_starts[following]:
+                self.uninterrupted.append(values[-1])
         return values
 
     def _stopped_between(self, node: int, start: int, end: int) -> bool:

@@ -469,6 +469,25 @@ def test_convergence_leaves_out_a_node_killed_before_it_caught_up() -> None:
     assert result.ok
 
 
+def test_convergence_cut_into_by_the_next_fault_is_kept_apart() -> None:
+    """A heal followed at once by a partition: the wait that follows is partly the
+    partition's; it stays in ``converge`` but not in ``converge_uninterrupted``."""
+    b = Builder()
+    b.subscribe(1, T1)
+    b.subscribe(2, T1)
+    b.at(10).publish(0, T1, "e1", "c1")
+    b.deliver(1, T1, "c1", 0)
+    b.at(15).nemesis("heal", id=1, kind="loss", nodes=[0, 1, 2])
+    b.at(16.5).nemesis("fault", id=2, kind="partition", nodes=[2])
+    b.at(21).nemesis("heal", id=2, kind="partition", nodes=[2])
+    b.at(22.5).deliver(2, T1, "c1", 0)
+    result = b.check()
+    assert result.converge == [7.5, 1.5]
+    assert result.converge_uninterrupted == [1.5]
+    assert result.converge_uninterrupted_p99 == 1.5 and result.converge_final == 1.5
+    assert result.ok
+
+
 def test_nearest_rank() -> None:
     assert nearest_rank([], 50) is None
     assert nearest_rank([3.0, 1.0, 2.0, 4.0], 50) == 2.0
