@@ -26,7 +26,7 @@ from .rtt import RttTable
 from .timers import JoinTimeout, RetryParent, RootCheck
 
 if TYPE_CHECKING:
-    from .core import CoreConfig
+    from .config import CoreConfig
 
 __all__ = ["Routing", "Tree", "TreeRouter", "TreeView"]
 

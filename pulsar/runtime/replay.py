@@ -25,22 +25,19 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
 from dag.descriptors import parse_timestamp
 from dag.history import causal_order
 from dag.records import HeadsRecord
-from dht import BlockNotFound
+from dht import BlockNotFound, DhtNode
 
 from ..proto.backfill import event_links
 from ..proto.versions import TopicVersions
 
-if TYPE_CHECKING:
-    from ..node import Node
-
 __all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "ReplayIncomplete",
-           "replay_history"]
+           "ReplaySource", "replay_history"]
 
 log = logging.getLogger("pulsar.replay")
 
@@ -69,8 +66,22 @@ class ReplayIncomplete(ReplayError):
         self.found = found
 
 
+class ReplaySource(Protocol):
+    """What a replay needs of the node (:class:`pulsar.Node` is one): its DHT, and its
+    topic versions. A protocol, so that this module, a part of the node, does not import
+    :mod:`pulsar.node`."""
+
+    @property
+    def dht(self) -> DhtNode: ...
+
+    async def get_topic(self, cid: CID) -> TopicDescriptor: ...
+
+    async def _lineage(self, topic_cid: CID
+                       ) -> tuple[TopicDescriptor, tuple[TopicDescriptor, ...]]: ...
+
+
 async def replay_history(
-    node: Node,
+    node: ReplaySource,
     topic_cid: CID,
     *,
     since: CID | float | None = None,
@@ -109,7 +120,8 @@ async def replay_history(
         yield event
 
 
-async def _discover(node: Node, first: TopicDescriptor, versions: TopicVersions) -> list[CID]:
+async def _discover(node: ReplaySource, first: TopicDescriptor,
+                    versions: TopicVersions) -> list[CID]:
     """The heads named by the records of the author and the allowed publishers (then of
     the publishers those records name); the versions they name are learned on the way."""
     asked: set[PeerId] = set()
@@ -134,7 +146,7 @@ async def _discover(node: Node, first: TopicDescriptor, versions: TopicVersions)
     return list(heads)
 
 
-async def _record(node: Node, topic: CID, publisher: PeerId) -> HeadsRecord | None:
+async def _record(node: ReplaySource, topic: CID, publisher: PeerId) -> HeadsRecord | None:
     try:
         return await node.dht.get_record(topic, publisher)
     except Exception as exc:  # the lookup failed: other publishers' records may do
@@ -142,7 +154,7 @@ async def _record(node: Node, topic: CID, publisher: PeerId) -> HeadsRecord | No
         return None
 
 
-async def _learn_version(node: Node, versions: TopicVersions, cid: CID) -> None:
+async def _learn_version(node: ReplaySource, versions: TopicVersions, cid: CID) -> None:
     """Register ``cid`` and the versions between it and what is known (author checked)."""
     chain: list[TopicDescriptor] = []
     cursor: CID | None = cid
@@ -158,7 +170,7 @@ async def _learn_version(node: Node, versions: TopicVersions, cid: CID) -> None:
 
 
 async def _walk(
-    node: Node,
+    node: ReplaySource,
     first: TopicDescriptor,
     versions: TopicVersions,
     heads: list[CID],
@@ -248,7 +260,7 @@ async def _walk(
     return list(found.values())
 
 
-async def _verified(node: Node, first: TopicDescriptor, versions: TopicVersions, cid: CID,
+async def _verified(node: ReplaySource, first: TopicDescriptor, versions: TopicVersions, cid: CID,
                     block: bytes, deferred: dict[CID, EventDescriptor]
                     ) -> EventDescriptor | None:
     """The event if the block is a valid event of the topic, judged as a subscriber would

@@ -18,9 +18,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("pulsar.spark needs PySpark 4 and pyarrow: pip install "
                       "'pulsarcast[spark]'") from exc
 
+from .commit import PublishedEvents
 from .errors import PulsarcastSparkError
 from .schema import SCHEMA
 from .source import PulsarcastDataSource
-from .writer import PublishedEvents
 
 __all__ = ["SCHEMA", "PublishedEvents", "PulsarcastDataSource", "PulsarcastSparkError"]

@@ -17,10 +17,10 @@ from pyspark import TaskContext
 
 from api.client import ApiError, PulsarcastClient
 
+from .commit import PublishedEvents
 from .errors import PulsarcastSparkError
 from .options import WriteOptions
 from .rest import UNREACHABLE_ERRORS, open_client, translate
-from .writer import PublishedEvents
 
 __all__ = ["publish_batches", "publish_task"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -24,25 +23,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from .commit import PublishedEvents
 from .errors import PulsarcastSparkError
 from .options import WriteOptions
 
 __all__ = ["BatchWriter", "PublishedEvents", "StreamWriter", "check_columns"]
 
 log = logging.getLogger("pulsar.spark")
-
-
-@dataclass
-class PublishedEvents(WriterCommitMessage):
-    """What one task published: ``cids[i]`` went to ``topics[i]``, in row order; and, if
-    it stopped on a failure, the error (which the driver's commit raises)."""
-
-    partition: int
-    attempt: int
-    topics: list[str] = field(default_factory=list)
-    cids: list[str] = field(default_factory=list)
-    error: str | None = None
-    error_code: str | None = None
 
 
 def check_columns(schema: StructType, options: WriteOptions) -> None:

@@ -11,16 +11,28 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .checker import KINDS, excerpt
+from .checker import KINDS, CheckResult, excerpt
 from .history import Op
+from .scenario import Scenario
 
-if TYPE_CHECKING:
-    from .runner import RunResult
+__all__ = ["RunResult", "summary_of", "write_report"]
 
-__all__ = ["summary_of", "write_report"]
+
+@dataclass
+class RunResult:
+    """What a run produced: the checker's result, the faults made, each node's bytes on the
+    wire, and (once written) the summary."""
+
+    scenario: Scenario
+    run_dir: Path
+    result: CheckResult
+    faults: list[dict[str, Any]]
+    wire_bytes: dict[int, int]
+    summary: dict[str, Any] = field(default_factory=dict)
 
 MAX_LISTED = 20
 """Anomalies listed with their history excerpt per kind (all are counted)."""

@@ -25,7 +25,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,11 @@ from api.auth import TOKEN_PREFIX
 
 from ..netlab.linkfaults import LinkFaults
 from ..netlab.netns import TestNetwork, available, cleanup_leftovers
-from .checker import CheckResult, check
+from .checker import check
 from .cluster import Cluster
 from .history import HistoryWriter, read_history
 from .nemesis import PlannedFault, schedule
+from .report import RunResult
 from .scenario import Scenario
 from .workload import Workload
 
@@ -45,16 +45,6 @@ __all__ = ["RunResult", "run_verify"]
 PREFIX = "pcv"
 """Names of everything a run makes start with this (``cleanup_leftovers`` removes them)."""
 PUBLISHERS = (0, 1, 2)
-
-
-@dataclass
-class RunResult:
-    scenario: Scenario
-    run_dir: Path
-    result: CheckResult
-    faults: list[dict[str, Any]]
-    wire_bytes: dict[int, int]
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 class _Progress:
