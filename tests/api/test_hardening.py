@@ -276,19 +276,21 @@ async def test_half_sent_heads_and_bodies_time_out(serve: Serve) -> None:
     _, server = await serve(header_timeout=0.5, body_timeout=0.5)
     reader, writer = await asyncio.open_connection(*_address(server))
     writer.write(b"GET /v1/health HTTP/1.1\r\nHost: test\r\nX-Slow: ")  # never ends
-    started = time.monotonic()
-    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing answered
-    assert time.monotonic() - started < 2.5
+    # Closed, nothing answered. The configured 0.5 s closes it; the guard is only there so
+    # that a head timeout left at its default (15 s) fails rather than passes slowly.
+    async with asyncio.timeout(ServerLimits().header_timeout - 5):
+        assert await reader.read() == b""
     writer.close()
 
     request = http("POST", "/v1/topics", b'{"name": "slow"}')
     reader, writer = await asyncio.open_connection(*_address(server))
     writer.write(request[:-5])  # the head and part of the body
-    started = time.monotonic()
-    answer = await asyncio.wait_for(reader.read(), 5)  # the answer, then the close
+    async with asyncio.timeout(60):  # a guard against a hang, not a measure
+        answer = await reader.read()  # the answer, then the close
     writer.close()
     assert answer.startswith(b"HTTP/1.1 408") and b"request-timeout" in answer
-    assert time.monotonic() - started < 0.5 + 1.0 + 1.0  # body timeout + lingering
+    # the configured body timeout did it, not the 30 s default
+    assert b"did not arrive within 0.5 s" in answer
     assert await _drained(server)
 
 

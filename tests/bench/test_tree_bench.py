@@ -46,8 +46,13 @@ async def test_tree_bench_figures_are_consistent() -> None:
     assert figures["deliveries"] == events * (nodes - 1)
     assert figures["deliveries_per_s"] > 0
     assert 0 < figures["delivery_p50_ms"] <= figures["delivery_p99_ms"]
-    assert figures["rmr"] >= 0  # every copy counted: at least one per subscriber and event
-    assert figures["tree_depth"] >= 1
+    # Redundancy: copies / deliveries - 1. At least one copy per subscriber and event (below
+    # 0 means copies went uncounted, e.g. those taken by repair); at most the target 0.1
+    # (measured 0.0 here: a settled tree without faults sends each subscriber one copy; a
+    # tree that degenerated into flooding gives ~n - 2).
+    assert 0 <= figures["rmr"] <= 0.1
+    # A parent chain longer than n - 1 nodes is a cycle (the depth walk stops after n + 1).
+    assert 1 <= figures["tree_depth"] <= nodes - 1
     assert 1 <= figures["ldh"] <= nodes - 1
     assert figures["relay_events_per_s"] > 0
     if os.path.isdir("/proc"):

@@ -50,7 +50,11 @@ async def test_a_forged_source_gets_less_than_three_times_what_it_sent(
     for key in keys:
         raw_peer.request(addr, "find_value", os.urandom(20), key)
         raw_peer.request(addr, "find_node", os.urandom(20), key)
-    await asyncio.sleep(QUICK.rpc_timeout * 2 + 0.3)  # the validation PING times out
+    # The validation PING times out (rpc_timeout), and the requests held for it are dropped
+    # with it: 32 held, the 8 over the hold dropped on arrival.
+    await eventually(lambda: node.stats.validations_failed >= 1, timeout=10,
+                     what="the validation PING to time out")
+    assert node.stats.requests_unvalidated_dropped == 40
     assert raw_peer.bytes_received <= 3 * raw_peer.bytes_sent
     assert raw_peer.bytes_received < raw_peer.bytes_sent  # PING answers only, in fact
     assert node.stats.handed_off == 0
@@ -60,9 +64,14 @@ async def test_a_forged_source_gets_less_than_three_times_what_it_sent(
     # and the address is not asked again for a while, whatever it sends
     for key in keys:
         raw_peer.request(addr, "find_value", os.urandom(20), key)
-    await asyncio.sleep(0.2)
-    assert raw_peer.pinged == 1
+    await eventually(lambda: node.stats.requests_unvalidated_dropped >= 60,
+                     what="the 20 new requests to be dropped")
+    # Dropped at once, none held, and no second validation PING: one sent while the node
+    # handled these would have reached the RawPeer (same event loop) before the poll saw
+    # the last of them dropped.
     assert node.stats.requests_unvalidated_dropped == 60
+    assert node.stats.requests_held == 32 and node.stats.validations_sent == 1
+    assert raw_peer.pinged == 1
 
 
 async def test_made_up_ids_from_a_live_address_get_no_hand_off(
@@ -70,11 +79,12 @@ async def test_made_up_ids_from_a_live_address_get_no_hand_off(
     """The address answers PINGs (say it is a real node that a forger impersonates): it is
     validated, but only under the id it answers with, so made-up ids get nothing."""
     node = await seeded_node(network)
-    for _ in range(100):
-        raw_peer.request(node.address, "ping", os.urandom(20))
+    answers = [raw_peer.request(node.address, "ping", os.urandom(20)) for _ in range(100)]
+    # Every PING answered: the node has handled all 100 made-up ids, so whatever they could
+    # start (a contact, a validation PING, a hand-off) was started while handling them.
+    await asyncio.wait_for(asyncio.gather(*answers), 10)
     await eventually(lambda: raw_peer.pinged >= 1)
     await eventually(lambda: node.stats.handed_off == 40)  # to its one true id, once
-    await asyncio.sleep(0.3)
     ids = {c.node_id for c in node.closest_known_peers(node.node_id)}
     assert ids == {raw_peer.node_id}
     assert raw_peer.pinged == 1
@@ -198,11 +208,15 @@ async def test_a_datagram_that_answers_no_request_proves_nothing(
     node = await network.add(config=QUICK)
     raw_peer.answers_pings = False
     raw_peer.send(b"\x01" + os.urandom(20) + umsgpack.packb(node.node_id), node.address)
-    await asyncio.sleep(0.05)
+    await eventually(lambda: node.stats.datagrams_dropped >= 1, what="the stray answer")
     assert node.stats.datagrams_dropped == 1
     key, value = raw_block(100)
     raw_peer.request(node.address, "store", raw_peer.node_id, key, value)
-    await asyncio.sleep(QUICK.rpc_timeout * 2 + 0.2)
+    # The STORE is held and the address asked to prove itself: the stray answer did not
+    # prove it (had it, the STORE would have been served at once and no PING sent).
+    await eventually(lambda: node.stats.validations_failed >= 1, timeout=10,
+                     what="the validation PING to time out")
+    assert node.stats.validations_sent == 1 and node.stats.requests_held == 1
     assert node.records.get(key) is None
     assert node.stats.requests_unvalidated_dropped == 1
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dag import EventDescriptor
-from pulsar.proto import events as ev
+from pulsar.proto.core import PulsarCore
+from pulsar.sim import SimNode
 
 from .test_core import _network, _subscribe_all, _topic
 
@@ -18,6 +19,11 @@ def _causal(events: list[EventDescriptor]) -> bool:
             return False
         seen.add(event.cid)
     return True
+
+
+def _backfill_counts(node: SimNode) -> dict[str, int]:
+    assert isinstance(node.core, PulsarCore)
+    return node.core.backfill.metrics
 
 
 @pytest.mark.parametrize("seed", [3, 11])
@@ -62,5 +68,14 @@ def test_concurrent_publishers_converge_to_the_same_dag() -> None:
         assert {e.cid for e in got} == everything
         assert len(got) == 90 and _causal(got)
     assert not any(n.gaps for n in nodes)
-    assert sum(n.core.backfill.metrics["backfilled"] for n in nodes) >= 0
-    assert isinstance(ev.Deliver, type)
+    # The 5 % loss did cost events that only backfill (WANT/BLOCKS, DHT fetches) brought
+    # back: with this seed some 50 blocks. Zero would mean the run converged without the
+    # repair path this test is about (or that backfill stopped counting what it took).
+    assert sum(_backfill_counts(n)["backfilled"] for n in nodes) > 0
+    for node in nodes:
+        counts = _backfill_counts(node)
+        # Every node's core emitted one Deliver per event, and nothing is left behind: no
+        # event still held for a parent, no gap still open (they would be delivered late,
+        # or never, after this check).
+        assert counts["delivered"] == 90
+        assert counts["held"] == 0 and counts["gaps_open"] == 0
