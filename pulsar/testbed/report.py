@@ -145,7 +145,8 @@ def _run_summary(run: RunInput, parts: Sequence[ProtocolQos],
                  plots: dict[str, str]) -> dict[str, Any]:
     protocols = {p.protocol: p.metrics for p in parts}
     summary: dict[str, Any] = {"path": str(run.path), "name": run.name,
-                               "protocols": protocols, "plots": plots}
+                               "network": run.network, "protocols": protocols,
+                               "plots": plots}
     numerator, denominator = _COMPARED
     if numerator in protocols and denominator in protocols:
         summary["comparison"] = _comparison(protocols[numerator], protocols[denominator])

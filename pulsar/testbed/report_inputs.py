@@ -55,6 +55,8 @@ class RunInput:
     path: Path
     name: str
     protocols: tuple[ProtocolRun, ...]
+    network: str = "loopback"
+    """"netns" for a run in network namespaces (faults made by the kernel)."""
 
 
 def load_runs(run_dirs: Sequence[Path]) -> list[RunInput]:
@@ -75,6 +77,7 @@ def load_runs(run_dirs: Sequence[Path]) -> list[RunInput]:
         label = _unique_label(path.name, labels)
         labels.add(label)
         runs.append(RunInput(label=label, path=path, name=str(manifest.get("name") or path.name),
+                             network=str(manifest.get("network") or "loopback"),
                              protocols=_protocols(path, manifest)))
     return runs
 

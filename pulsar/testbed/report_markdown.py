@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .report_thesis import CITATION, SETUP_DIFFERENCES, thesis_rows
+from .report_thesis import CITATION, NETNS_DIFFERENCE, SETUP_DIFFERENCES, thesis_rows
 
 __all__ = ["render_markdown"]
 
@@ -194,10 +194,12 @@ def _thesis_section(runs: dict[str, Any]) -> list[str]:
     rows = thesis_rows(runs)
     if not rows:
         return []
+    netns = all(run.get("network") == "netns" for run in runs.values())
+    setup = SETUP_DIFFERENCES + (" " + NETNS_DIFFERENCE if netns else "")
     return ["", "## Against the thesis", "",
             f"Our runs beside the thesis's own Floodsub comparison ({CITATION}), for the "
             "figures both have. The thesis measured no delivery latency and ran no churn. "
-            + SETUP_DIFFERENCES, "",
+            + setup, "",
             *_table(["run", "figure", "ours", "thesis"], rows)]
 
 

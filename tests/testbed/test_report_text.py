@@ -65,3 +65,13 @@ def test_thesis_rows_put_its_table_beside_ours() -> None:
         pytest.approx(2.928, abs=1e-3)
     ours, thesis = (cell.replace(TIMES, "x") for cell in rows[2][2:])
     assert ours == "0.59x" and thesis == "2.93x (6,552 / 2,238 MiB)"
+
+
+def test_the_setup_note_says_when_the_kernel_made_the_faults() -> None:
+    from pulsar.testbed.report_markdown import _thesis_section
+    from pulsar.testbed.report_thesis import NETNS_DIFFERENCE
+
+    loopback = "\n".join(_thesis_section({"b": _run("baseline", None)}))
+    assert NETNS_DIFFERENCE not in loopback
+    netns = "\n".join(_thesis_section({"b": {**_run("baseline", None), "network": "netns"}}))
+    assert NETNS_DIFFERENCE in netns
