@@ -338,9 +338,10 @@ async def _junk(node: _Node, total_bytes: int) -> dict[str, Any]:
             "junk_sent_bytes": sent}
 
 
-def _flood(addr: tuple[str, int], stop: Any, counter: Any) -> None:
+def _flood(addr: tuple[str, int], stop: Any, counter: Any, running: Any) -> None:
     """Child process: flood the DHT port until ``stop`` is set (answering the node's PINGs,
-    so that it serves the flood); ``counter`` gets datagrams per second."""
+    so that it serves the flood); ``running`` is set once the first datagrams are out,
+    ``counter`` gets datagrams per second."""
     import umsgpack
 
     from dag.cid import cid_of_raw
@@ -370,6 +371,8 @@ def _flood(addr: tuple[str, int], stop: Any, counter: Any) -> None:
         with contextlib.suppress(BlockingIOError):
             sock.sendto(data, addr)
             sent += 1
+        if sent == 256:
+            running.set()
         if sent % 64 == 0:
             while True:
                 try:
@@ -451,10 +454,16 @@ async def bench_abuse(*, events: int = 40, payload_kb: int = 512, junk_mb: float
             context = multiprocessing.get_context("spawn")
             counter = context.Value("q", 0)
             stop = context.Event()
-            flooder = context.Process(target=_flood, args=(node.dht, stop, counter))
+            running = context.Event()
+            flooder = context.Process(target=_flood, args=(node.dht, stop, counter, running))
             flooder.start()
             try:
-                await asyncio.sleep(1.5)  # the flood is under way
+                # A spawned child imports before it sends: wait until the flood is under way
+                # (on a loaded machine that took over 1.5 s), then give it a moment to build.
+                loop = asyncio.get_running_loop()
+                if not await loop.run_in_executor(None, running.wait, 60.0):
+                    raise RuntimeError("the DHT flooder did not start within 60 s")
+                await asyncio.sleep(1.0)  # the flood's own pace, not synchronisation
                 figures["rest_p99_ms_during_dht_flood"] = await _p99_ms(
                     node.api, small["cid"], latency_requests)
             finally:
