@@ -5,6 +5,7 @@ Skipped, with the reason, where the machine cannot make network namespaces (not 
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -42,7 +43,16 @@ def _payload_bytes(trace: Path) -> int:
     return int(last["sent_bytes"]) + int(last["dht_sent_bytes"])
 
 
-@pytest.mark.skipif(unavailable() is not None, reason=f"no namespaces here: {unavailable()}")
+def _missing() -> str | None:
+    """Why this machine cannot run the testbed in namespaces with kernel faults, or None."""
+    if unavailable() is not None:
+        return unavailable()
+    if shutil.which("nft") is None:
+        return "no nft (apt-get install nftables)"
+    return None
+
+
+@pytest.mark.skipif(_missing() is not None, reason=f"cannot run here: {_missing()}")
 async def test_a_run_in_namespaces_counts_wire_bytes_and_delivers_everything(
         tmp_path: Path) -> None:
     manifest = await run_scenario(SCENARIO, tmp_path / "run", progress=False, netns=True)
