@@ -35,6 +35,7 @@ from dag import CID, EventDescriptor, Identity
 from pulsar import Node
 from pulsar.cli import main
 from tests.node.conftest import Network
+from tests.waiting import eventually
 
 BASE = "https://pulsarcast.dev/problems/"
 TOKEN = "hardening-test-token"
@@ -291,27 +292,21 @@ async def test_half_sent_heads_and_bodies_time_out(serve: Serve) -> None:
     assert answer.startswith(b"HTTP/1.1 408") and b"request-timeout" in answer
     # the configured body timeout did it, not the 30 s default
     assert b"did not arrive within 0.5 s" in answer
-    assert await _drained(server)
+    await eventually(lambda: server.guard.total == 0, timeout=10.0, what="connections drained")
 
 
-async def _drained(server: ApiServer) -> bool:
-    for _ in range(50):
-        if server.guard.total == 0:
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_connections_are_capped_per_client_and_in_total(serve: Serve) -> None:
     _, server = await serve(max_connections_per_client=3, max_connections=100)
     held = [await asyncio.open_connection(*_address(server)) for _ in range(3)]
-    assert await _eventually(lambda: server.guard.total == 3)
+    await eventually(lambda: server.guard.total == 3, timeout=10.0)
     status, headers, body = await raw(server, http("GET", "/v1/health"))
     assert status == 503 and json.loads(body)["type"] == BASE + "unavailable"
     assert "per client address" in json.loads(body)["detail"]
     assert headers["content-type"] == "application/problem+json"
     held.pop()[1].close()
-    assert await _eventually(lambda: server.guard.total == 2)
+    await eventually(lambda: server.guard.total == 2, timeout=10.0)
     status, _, _ = await raw(server, http("GET", "/v1/health"))
     assert status == 200
     for _, writer in held:
@@ -319,7 +314,7 @@ async def test_connections_are_capped_per_client_and_in_total(serve: Serve) -> N
 
     _, small = await serve(max_connections=2)
     held = [await asyncio.open_connection(*_address(small)) for _ in range(2)]
-    assert await _eventually(lambda: small.guard.total == 2)
+    await eventually(lambda: small.guard.total == 2, timeout=10.0)
     status, _, body = await raw(small, http("GET", "/v1/health"))
     assert status == 503 and "at most 2 connections" in json.loads(body)["detail"]
     assert small.guard.refused == 1
@@ -327,12 +322,6 @@ async def test_connections_are_capped_per_client_and_in_total(serve: Serve) -> N
         writer.close()
 
 
-async def _eventually(condition: Callable[[], bool]) -> bool:
-    for _ in range(100):
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return False
 
 
 def test_server_limits_from_the_environment() -> None:
