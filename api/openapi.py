@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE
+from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE, MAX_MERGES
 
 from . import limits
 from .history import SECONDS_PATTERN, SEQ_PATTERN
@@ -148,11 +148,14 @@ def openapi_document() -> dict[str, Any]:
         },
         "Event": {
             "type": "object",
-            "required": ["cid", "topic", "author", "publisher", "parent", "created",
+            "required": ["cid", "topic", "author", "publisher", "parent", "merges", "created",
                          "payload", "payload_size", "content_type"],
             "properties": {
                 "cid": _CID, "topic": _CID, "author": _PEER, "publisher": _PEER,
-                "parent": _NULLABLE_CID, "created": {"type": "string"},
+                "parent": _NULLABLE_CID,
+                "merges": {"type": "array", "items": _CID, "maxItems": MAX_MERGES,
+                           "description": "other heads the publisher linked"},
+                "created": {"type": "string"},
                 "payload": {"type": "string", "contentEncoding": "base64",
                             "description": "the payload's bytes, always"},
                 "payload_size": {"type": "integer"}, "payload_link": _CID,

@@ -183,6 +183,7 @@ def event_json(
         "author": _text(event.author),
         "publisher": _text(event.publisher),
         "parent": None if event.parent is None else _text(event.parent),
+        "merges": [_text(m) for m in event.merges],
         "created": event.created,
         "payload": base64.b64encode(payload).decode(),
         "payload_size": len(payload),

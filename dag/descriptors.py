@@ -46,6 +46,7 @@ __all__ = [
     "CONTENT_TYPE_PATTERN",
     "MAX_CONTENT_TYPE",
     "MAX_INLINE_PAYLOAD",
+    "MAX_MERGES",
     "PROTOCOL_VERSION",
     "EventDescriptor",
     "EventLinking",
@@ -68,6 +69,10 @@ MAX_SUBTOPICS: Final = 64
 MAX_VERSION_CHARS: Final = 64
 MAX_VERSION_HEADS: Final = 64
 """Most event links a topic version records as the topic's heads when it was made."""
+MAX_MERGES: Final = 8
+"""Most merge links an event carries: other heads its publisher knew (see
+:attr:`EventDescriptor.merges`). Eight keep the largest inline event under
+:data:`MAX_DESCRIPTOR_SIZE` and absorb tips faster than concurrent publishers make them."""
 SIGNATURE_SIZE: Final = 64
 
 _TIMESTAMP_RE: Final = re.compile(
@@ -532,6 +537,13 @@ class EventDescriptor(_ContentAddressed):
     content_type: str | None = None
     """The payload's media type as its author declared it (``metadata.contentType``,
     optional; events from before it existed have none)."""
+    merges: tuple[CID, ...] = ()
+    """Other heads of the topic its publisher knew when it published (LAST_SEEN), besides
+    ``parent``. Concurrent publishers fork the DAG; without these links every fork would
+    leave a tip nothing later points to, and a walk back from a bounded set of recent heads
+    (a replay from the topic's CID, a returning subscriber) would miss what lies behind
+    the older tips. Merge links are walked by backfill and replay; delivery order follows
+    ``parent`` alone."""
 
     KIND: ClassVar[str] = "event"
 
@@ -592,13 +604,16 @@ class EventDescriptor(_ContentAddressed):
         created: str | None = None,
         author_signature: bytes | None = None,
         content_type: str | None = None,
+        merges: tuple[CID, ...] = (),
         now: float | None = None,
     ) -> Self:
         """Build and sign an event. For a request to publish, pass the requester as
         ``author`` with the ``created`` and ``author_signature`` it sent (from
-        :meth:`sign_content`); they are verified here like on any other hop."""
+        :meth:`sign_content`); they are verified here like on any other hop. ``merges``
+        are other heads to link (see :attr:`merges`)."""
         _check_payload(payload)
         check_content_type(content_type)
+        _check_merges(merges, parent)
         me = publisher.peer_id
         signer = me if author is None else author
         own = signer == me
@@ -614,6 +629,8 @@ class EventDescriptor(_ContentAddressed):
             "publisher": me.raw,
             "parent": parent,
         }
+        if merges:
+            wire["merges"] = list(merges)
         if own:
             wire["authorSignature"] = publisher.sign(encode(wire))
         else:
@@ -649,6 +666,9 @@ class EventDescriptor(_ContentAddressed):
         content_type = meta.get("contentType")
         if content_type is not None:
             _content_type(content_type, "event.metadata.contentType")
+        merges: tuple[CID, ...] = ()
+        if "merges" in wire:
+            merges = _merge_links(wire["merges"], parent, exact)
         author_sig = _signature(wire["authorSignature"], "event.authorSignature")
         publisher_sig: bytes | None = None
         if author == publisher:
@@ -676,6 +696,7 @@ class EventDescriptor(_ContentAddressed):
                 block,
                 cid,
                 content_type,
+                merges,
             ),
         )
 
@@ -693,6 +714,7 @@ class EventDescriptor(_ContentAddressed):
     _SET_BLOCK,
     _SET_CID,
     _SET_CONTENT_TYPE,
+    _SET_MERGES,
 ) = (getattr(EventDescriptor, f.name).__set__ for f in dataclasses.fields(EventDescriptor))
 
 
@@ -716,7 +738,30 @@ def _build_event(cls: type[_E], v: tuple[Any, ...]) -> _E:
     _SET_BLOCK(e, v[9])
     _SET_CID(e, v[10])
     _SET_CONTENT_TYPE(e, v[11])
+    _SET_MERGES(e, v[12])
     return e
+
+
+def _check_merges(merges: tuple[CID, ...], parent: CID | None) -> None:
+    if len(merges) > MAX_MERGES:
+        raise SchemaError(f"an event links at most {MAX_MERGES} merges, not {len(merges)}")
+    if len(set(merges)) != len(merges) or (parent is not None and parent in merges):
+        raise SchemaError("event.merges must be distinct links, none of them the parent")
+
+
+def _merge_links(value: Any, parent: CID | None, exact: bool) -> tuple[CID, ...]:
+    """``event.merges`` from the wire: a non-empty list (an empty one is written by leaving
+    the key out, so one event has one encoding) of distinct links other than the parent."""
+    if type(value) is not list or not value:
+        raise SchemaError("event.merges must be a non-empty list of links")
+    links: list[CID] = []
+    for item in value:
+        link = _link(item, "event.merges[]", exact=exact)
+        assert link is not None  # not nullable
+        links.append(link)
+    merges = tuple(links)
+    _check_merges(merges, parent)
+    return merges
 
 
 _EVENT_KEYS: Final = {
@@ -728,7 +773,7 @@ _EVENT_KEYS: Final = {
     "metadata",
     "authorSignature",
 }
-_EVENT_OPTIONAL: Final = frozenset({"publisherSignature"})
+_EVENT_OPTIONAL: Final = frozenset({"publisherSignature", "merges"})
 _EVENT_META_KEYS: Final = {"created", "protocolVersion"}
 _EVENT_META_OPTIONAL: Final = frozenset({"contentType"})
 

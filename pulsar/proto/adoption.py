@@ -15,7 +15,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor, cid_of
 from dag.codec import decode_fast
@@ -23,13 +25,17 @@ from dag.errors import CodecError
 from dag.records import HeadsRecord
 
 from . import events as ev
+from .backfill import event_links
 from .events import Out
 from .messages import Event
 from .parts import CoreParts
 from .repair_messages import Blocks
 from .topics import build_topic, build_version
 
-__all__ = ["VersionAdoption"]
+__all__ = ["VOUCH_WALK_LIMIT", "VersionAdoption"]
+
+VOUCH_WALK_LIMIT: Final = 4096
+"""Local blocks one vouching is passed down through (one store read each)."""
 
 
 @dataclass(slots=True)
@@ -174,6 +180,8 @@ class VersionAdoption(CoreParts):
         for version in added.registered:
             first = self.versions.first_of(version.cid)
             assert first is not None
+            if version.heads:
+                self._vouch_below(first, version.heads)
             tree = self._trees.get(first)
             adopted = version.parent is not None and self.versions.latest(first) is version
             if tree is not None and adopted:
@@ -182,6 +190,27 @@ class VersionAdoption(CoreParts):
             out += self._release(version.cid, now)
             out += self._version_resolved(version.cid, now)
         return out
+
+    def _vouch_below(self, first: CID, vouched: Iterable[CID]) -> None:
+        """Pass vouching down from ``vouched`` (a new version's recorded heads; an admitted
+        vouched event) through the blocks this node already holds. Admitting a vouched
+        event vouches for its parent and merges, but an event admitted before anything
+        vouched for it — before the version was known, or on its own publisher's rights —
+        passed nothing down: its missing ancestors by a now-revoked publisher would be
+        refused when backfill brings them. The walk reads the local store and stops at
+        what it lacks or was vouched for already, at most :data:`VOUCH_WALK_LIMIT` blocks."""
+        stack = list(vouched)
+        steps = 0
+        while stack and steps < VOUCH_WALK_LIMIT:
+            block = self._lookup(stack.pop())
+            links = None if block is None else event_links(block)
+            if links is None:
+                continue
+            steps += 1
+            for link in (links.parent, *links.merges):
+                if link is not None and not self.versions.is_sanctioned(first, link):
+                    self.versions.vouch(first, link)
+                    stack.append(link)
 
     def _fetch_version(self, cid: CID, now: float) -> Out:
         if cid in self._version_fetches or self.versions.get(cid) is not None:

@@ -59,7 +59,7 @@ class AntiEntropy(BackfillParts):
                 break
             blocks.append(block)
             total += len(block)
-            cursor, created = links
+            cursor, created = links.parent, links.created
             if msg.after is not None and created < msg.after:
                 break  # the asker's horizon: this block tells it where history begins
         self._counts["wants_answered"] += 1

@@ -124,12 +124,14 @@ from . import events as ev
 from .anti_entropy import AntiEntropy
 from .backfill_state import (
     REPAIR_HOP,
+    UNVOUCHED,
     BackfillConfig,
     Gap,
     IsDelivered,
     Lookup,
     Neighbours,
     TopicState,
+    Unvouched,
     Verify,
     event_links,
 )
@@ -151,6 +153,8 @@ __all__ = [
     "Lookup",
     "Neighbours",
     "RetryFetch",
+    "UNVOUCHED",
+    "Unvouched",
     "Verify",
     "WantTimeout",
     "event_links",
@@ -224,6 +228,8 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
             "digests_spared": 0,
             "digests_deferred": 0,
             "heads_unknown": 0,
+            "unvouched": 0,
+            "merges_followed": 0,
             "duplicates": 0,
             "rejected": 0,
         }

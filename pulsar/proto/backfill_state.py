@@ -13,10 +13,11 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from dag import CID, EventDescriptor, PeerId
 from dag.codec import decode_fast
+from dag.descriptors import MAX_MERGES
 from dag.errors import CodecError
 
 from .events import Out
@@ -34,11 +35,14 @@ __all__ = [
     "BackfillConfig",
     "BackfillParts",
     "Gap",
+    "EventLinks",
     "Held",
     "IsDelivered",
     "Lookup",
     "Neighbours",
     "TopicState",
+    "UNVOUCHED",
+    "Unvouched",
     "Verify",
     "bounded_put",
     "event_links",
@@ -50,10 +54,23 @@ Tree hops start at 1, so 0 never hides a real hop count (the LDH figures stay ho
 
 Lookup = Callable[[CID], bytes | None]
 """A block from the local store (blocks not yet flushed included), or None."""
-Verify = Callable[[CID, bytes], EventDescriptor | None]
+class Unvouched:
+    """What :data:`Verify` returns for a well-formed event of the tree whose publisher only
+    an older version allows and that no recorded history vouches for *yet*. Walks from
+    several heads meet an event in no set order, and the walk from the head a revoking
+    version recorded may reach it after a walk from an unvouched descendant did: such an
+    event is not invalid for good, and is judged again later (``Gaps._wait_for_vouching``)."""
+
+    __slots__ = ()
+
+
+UNVOUCHED: Final = Unvouched()
+
+Verify = Callable[[CID, bytes], EventDescriptor | Unvouched | None]
 """``verify(tree topic, block)``: the event if the block is a valid event of that tree
-(CID, canonical schema, signatures, topic lineage, publishing rights), else None. None
-means *invalid for good*: the gap it was meant to fill is dropped at once."""
+(CID, canonical schema, signatures, topic lineage, publishing rights), :data:`UNVOUCHED`
+(see there), else None. None means *invalid for good*: the gap it was meant to fill is
+dropped at once."""
 IsDelivered = Callable[[CID, CID], bool]
 """``is_delivered(tree topic, event cid)``: the durable delivery log, asked only for CIDs
 that fell out of memory (parents at a gap's start, heads from neighbours)."""
@@ -236,7 +253,8 @@ class TopicState:
     """The settled CIDs that were history, not delivered (a subset of ``settled``, bounded
     the same way): what links to one and is older than the horizon is history too."""
     released: OrderedDict[CID, None] = field(default_factory=OrderedDict)
-    """Frontiers whose children were delivered first: if they come late, not heads."""
+    """Events something delivered links to (a released gap's frontier, a merged tip not
+    delivered yet): if they come late, they are not heads."""
     failed: OrderedDict[CID, float] = field(default_factory=OrderedDict)
     """Heads we could not get or found invalid -> not asked for again until then."""
     lost: OrderedDict[CID, int] = field(default_factory=OrderedDict)
@@ -272,10 +290,18 @@ def bounded_put(memo: OrderedDict[CID, Any], key: CID, value: Any, limit: int) -
         memo.popitem(last=False)
 
 
-def event_links(block: bytes) -> tuple[CID | None, str] | None:
-    """``(parent, created)`` of an event block, read without checking signatures: enough
-    to walk a chain when answering a WANT (the asker verifies everything). None when the
-    block is not shaped like an event."""
+class EventLinks(NamedTuple):
+    """What a walk over event blocks needs of one, read without checking signatures."""
+
+    parent: CID | None
+    created: str
+    merges: tuple[CID, ...]
+
+
+def event_links(block: bytes) -> EventLinks | None:
+    """The links and creation time of an event block, read without checking signatures:
+    enough to walk a chain when answering a WANT or replaying (whoever uses the events
+    verifies everything). None when the block is not shaped like an event."""
     try:
         wire = decode_fast(block)
         if not isinstance(wire, dict) or "publisher" not in wire or "payload" not in wire:
@@ -284,11 +310,15 @@ def event_links(block: bytes) -> tuple[CID | None, str] | None:
         raw = wire["parent"]
         if not isinstance(created, str):
             return None
-        if raw is None:
-            return None, created
-        if not isinstance(raw, bytes):
+        if raw is not None and not isinstance(raw, bytes):
             return None
-        return CID(raw), created
+        merges: tuple[CID, ...] = ()
+        listed = wire.get("merges")
+        if listed is not None:
+            if not isinstance(listed, list) or len(listed) > MAX_MERGES:
+                return None
+            merges = tuple(CID(item) for item in listed if isinstance(item, bytes))
+        return EventLinks(None if raw is None else CID(raw), created, merges)
     except (CodecError, KeyError, TypeError, ValueError):
         return None
 
@@ -325,7 +355,7 @@ class BackfillParts(ABC):
              now: float, out: Out, *, fetched: bool, local: bool = False) -> Gap | None: ...
 
     @abstractmethod
-    def _deliver(self, state: TopicState, roots: list[Held], out: Out) -> int: ...
+    def _deliver(self, state: TopicState, roots: list[Held], out: Out, now: float) -> int: ...
 
     @abstractmethod
     def _unhold(self, state: TopicState, cids: list[CID]) -> list[Held]: ...
@@ -334,7 +364,7 @@ class BackfillParts(ABC):
     def _settle(self, state: TopicState, event: EventDescriptor) -> None: ...
 
     @abstractmethod
-    def _resolve(self, state: TopicState, cids: list[CID], out: Out) -> int: ...
+    def _resolve(self, state: TopicState, cids: list[CID], out: Out, now: float) -> int: ...
 
     @abstractmethod
     def _lookahead(self, state: TopicState, cid: CID) -> int: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from typing import Final
 
 from dag import CID, EventDescriptor, PeerId
 from dag.descriptors import iso_timestamp
@@ -25,11 +26,16 @@ from .backfill_state import (
     Held,
     TopicState,
     bounded_put,
+    event_links,
 )
 from .events import Out
 from .repair_messages import MAX_HEADS
 
-__all__ = ["CausalOrder"]
+__all__ = ["RESTORE_MERGE_WALK", "CausalOrder"]
+
+RESTORE_MERGE_WALK: Final = 256
+"""Events a restarted subscription reads back from its heads to find merged tips it never
+got (one local store read each)."""
 
 
 class CausalOrder(BackfillParts):
@@ -66,7 +72,35 @@ class CausalOrder(BackfillParts):
             self.mark_delivered(topic, delivered)
             return []
         self._new_state(topic, deliver, since, heads, delivered)
-        return self.arm_tick()
+        out = self._missing_merges(self._topics[topic], now)
+        return out + self.arm_tick()
+
+    def _missing_merges(self, state: TopicState, now: float) -> Out:
+        """After a restart: the merged tips that the last events delivered before it link
+        to and that were never delivered. Their fetches (gaps opened when the linking
+        event was delivered) died with the process, and nothing else names them again: a
+        merged tip is nobody's head. The walk reads the local store back from the restored
+        heads, at most :data:`RESTORE_MERGE_WALK` events."""
+        if not state.restored:
+            return []
+        stack = list(state.heads)
+        seen: set[CID] = set()
+        wanted: list[CID] = []
+        while stack and len(seen) < RESTORE_MERGE_WALK:
+            cid = stack.pop()
+            if cid in seen:
+                continue
+            seen.add(cid)
+            block = self._lookup(cid)
+            links = None if block is None else event_links(block)
+            if links is None:
+                continue
+            for merged in links.merges:
+                if merged not in state.settled and not self._is_delivered(state.cid, merged):
+                    wanted.append(merged)
+            if links.parent is not None:
+                stack.append(links.parent)
+        return self.learn_heads(state.cid, wanted, None, now) if wanted else []
 
     def _new_state(self, topic: CID, deliver: bool, since: float | None, heads: Iterable[CID],
                    delivered: Iterable[CID]) -> None:
@@ -174,7 +208,7 @@ class CausalOrder(BackfillParts):
                     self._end(state, boundary, now, out)
                 children = state.waiting.pop(cid, None)
                 if children:
-                    self._resolve(state, children, out)
+                    self._resolve(state, children, out, now)
                 return None
         if fetched and not local:  # new to this node: its children may lack it too
             self._repaired.append((state.cid, event))
@@ -190,7 +224,7 @@ class CausalOrder(BackfillParts):
         if ready:
             if gap is not None:
                 self._end(state, gap, now, out)
-            self._deliver(state, [Held(event, hop)], out)
+            self._deliver(state, [Held(event, hop)], out, now)
             return None
         assert parent is not None  # an event without a parent is always ready
         state.held[cid] = Held(event, hop, run, fetched and run > 0)
@@ -245,7 +279,7 @@ class CausalOrder(BackfillParts):
         self._settle(state, event)
         bounded_put(state.history, event.cid, None, self.config.settled_limit)
 
-    def _resolve(self, state: TopicState, cids: list[CID], out: Out) -> int:
+    def _resolve(self, state: TopicState, cids: list[CID], out: Out, now: float) -> int:
         """Unhold ``cids`` (whose parent is history, or will not come): the backfilled ones
         older than the horizon are history too, with the same on their own held children;
         the rest are delivered with what they unblock. Returns how many were delivered."""
@@ -260,7 +294,7 @@ class CausalOrder(BackfillParts):
             children = state.waiting.pop(held.event.cid, None)
             if children:
                 stack += self._unhold(state, children)
-        return self._deliver(state, roots, out)
+        return self._deliver(state, roots, out, now)
 
     def _ready(self, state: TopicState, parent: CID | None) -> bool:
         if parent is None:
@@ -274,12 +308,13 @@ class CausalOrder(BackfillParts):
             return True
         return False
 
-    def _deliver(self, state: TopicState, roots: list[Held], out: Out) -> int:
+    def _deliver(self, state: TopicState, roots: list[Held], out: Out, now: float) -> int:
         """Deliver ``roots`` and every held descendant they unblock: Kahn's algorithm with
         a heap on :func:`order_key`, so concurrent branches come out the same everywhere."""
         heap = [(order_key(h.event), h) for h in roots]
         heapq.heapify(heap)
         count = 0
+        merged: list[CID] = []
         while heap:
             _, held = heapq.heappop(heap)
             event = held.event
@@ -287,25 +322,43 @@ class CausalOrder(BackfillParts):
             if state.deliver:
                 out.append(ev.Deliver(state.cid, event, held.hop))
             count += 1
+            merged += event.merges
             children = state.waiting.pop(event.cid, None)
             if children:
                 for child in self._unhold(state, children):
                     heapq.heappush(heap, (order_key(child.event), child))
         if state.deliver:
             self._counts["delivered"] += count
+        if merged:
+            self._follow_merges(state, merged, now, out)
         return count
+
+    def _follow_merges(self, state: TopicState, merged: list[CID], now: float, out: Out) -> None:
+        """Fetch the merged tips of delivered events that this node does not know: their
+        branch is history the publisher saw and we have not (a fork whose other side we
+        missed). Nothing waits on them; each is backfilled as a head a neighbour named,
+        after one reorder wait, since it is most likely still on its way down the tree."""
+        unknown = [m for m in merged
+                   if m not in state.settled and m not in state.held and m not in state.frontier]
+        if unknown:
+            self._counts["merges_followed"] += len(unknown)
+            out += self.learn_heads(state.cid, unknown, None, now, reorder=True)
 
     def _unhold(self, state: TopicState, cids: list[CID]) -> list[Held]:
         self._held -= len(cids)
         return [state.held.pop(c) for c in cids]
 
     def _settle(self, state: TopicState, event: EventDescriptor) -> None:
-        """Record a delivered event and keep the heads: it replaces its parent as a head,
-        unless its own children were delivered before it (a released gap)."""
+        """Record a delivered event and keep the heads: it replaces its parent and the
+        tips it merges as heads, unless an event linking to it was delivered before it
+        (a released gap, or a merge link that arrived first)."""
         cid = event.cid
         bounded_put(state.settled, cid, None, self.config.settled_limit)
         if event.parent is not None:
             state.heads.pop(event.parent, None)
+        for merged in event.merges:
+            if state.heads.pop(merged, False) is False and merged not in state.settled:
+                bounded_put(state.released, merged, None, self.config.memo_limit)
         if cid in state.released:
             del state.released[cid]
         else:

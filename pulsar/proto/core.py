@@ -46,7 +46,7 @@ from dag import (
 
 from . import events as ev
 from .adoption import TopicJob, VersionAdoption
-from .backfill import Backfill, BackfillConfig, event_links
+from .backfill import UNVOUCHED, Backfill, BackfillConfig, Unvouched, event_links
 from .batch_messages import Batch
 from .batching import coalesce
 from .config import LONE_NODE, CoreConfig
@@ -724,7 +724,13 @@ class PulsarCore(Publishing, VersionAdoption):
             if event.publisher != tree.topic.author or event.author != tree.topic.author:
                 return f"event {event.cid}: only the author publishes on a meta topic"
             return None
-        return self.versions.admit(tree.topic.cid, event)
+        first = tree.topic.cid
+        problem = self.versions.admit(first, event)
+        if problem is None and self.versions.is_sanctioned(first, event.cid):
+            # Its parent and merges are vouched for now; if this node holds them already
+            # (admitted on their publishers' rights), the vouching must go on below them.
+            self._vouch_below(first, [c for c in (event.parent, *event.merges) if c is not None])
+        return problem
 
     def _accept(
         self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float,
@@ -906,8 +912,12 @@ class PulsarCore(Publishing, VersionAdoption):
             return self._reject(None, f"{cid} is not a meta topic")
         return self._on_subscribe(ev.Subscribe(meta, True, 0.0), now)
 
-    def _verify_backfilled(self, topic: CID, block: bytes) -> EventDescriptor | None:
-        """The backfill layer's check of a fetched block: everything ``_on_event`` checks."""
+    def _verify_backfilled(
+        self, topic: CID, block: bytes
+    ) -> EventDescriptor | Unvouched | None:
+        """The backfill layer's check of a fetched block: everything ``_on_event`` checks.
+        An event refused only because nothing vouches for it yet is :data:`UNVOUCHED`:
+        the walk from a recorded head may still reach it."""
         try:
             event = EventDescriptor.from_block(block)
         except InvalidDescriptor:
@@ -916,6 +926,8 @@ class PulsarCore(Publishing, VersionAdoption):
         if tree is None or self.versions.get(event.topic) is None:
             return None
         if self._judge(tree, event) is not None:
+            if not tree.topic.is_meta and self.versions.needs_vouching(topic, event):
+                return UNVOUCHED
             return None
         self._saw_publisher(tree, event.publisher)
         return event
@@ -936,7 +948,7 @@ class PulsarCore(Publishing, VersionAdoption):
         def key(cid: CID) -> tuple[str, bytes]:
             block = self._lookup(cid)
             links = None if block is None else event_links(block)
-            return ("" if links is None else links[1], cid.raw)
+            return ("" if links is None else links.created, cid.raw)
 
         return max(cids, key=key)
 

@@ -18,6 +18,7 @@ from .backfill_state import (
     BackfillParts,
     Gap,
     TopicState,
+    Unvouched,
     bounded_put,
 )
 from .events import GapReported, Out
@@ -63,6 +64,13 @@ class GapFetching(BackfillParts):
             if cid not in state.frontier:
                 break  # connected, stale, or not a chain: nothing more we asked for
             event = self._verify(state.cid, block)
+            if isinstance(event, Unvouched):
+                out.append(ev.StoreLocal(cid, block))  # judged again from here
+                if gap is not None and gap.frontier == cid:
+                    gap.asked = None  # the retry below is its next request
+                self._wait_for_vouching(state.frontier[cid], out)
+                bad = True
+                break
             if event is None or event.cid != cid:
                 self._invalid(state, cid, peer, now, out)
                 bad = True
@@ -96,6 +104,13 @@ class GapFetching(BackfillParts):
         moved: Gap | None = None
         if block is not None and cid in state.frontier and cid.verifies(block):
             event = self._verify(state.cid, block)
+            if isinstance(event, Unvouched):
+                out.append(ev.StoreLocal(cid, block))  # judged again from here
+                waiting = state.frontier[cid]
+                self._wait_for_vouching(waiting, out)
+                if own and waiting is not gap and not gap.closed:
+                    self._pump(state, gap, now, out)
+                return out
             if event is None or event.cid != cid:
                 self._invalid(state, cid, None, now, out)
                 return out
@@ -179,10 +194,9 @@ class GapFetching(BackfillParts):
     def _reorder_wait(self, peer: PeerId | None) -> float:
         """How long a gap opened by a tree arrival from ``peer`` waits before its first
         request: the RTO of that path (0 while nothing is measured), at most half the gap
-        timeout."""
-        if peer is None:
-            return 0.0
-        rto = self.rtt.worst_rto({peer})
+        timeout. With no peer (a merged tip, which may come from any side of the tree),
+        the longest RTO among the neighbours measured lately."""
+        rto = self.rtt.worst_rto(frozenset() if peer is None else {peer})
         return 0.0 if rto is None else min(rto, self.config.gap_timeout / 2)
 
     def _pump(self, state: TopicState, gap: Gap, now: float, out: Out) -> None:
@@ -193,6 +207,9 @@ class GapFetching(BackfillParts):
             block = self._lookup(cid)
             if block is not None:
                 event = self._verify(state.cid, block)
+                if isinstance(event, Unvouched):
+                    self._wait_for_vouching(gap, out)
+                    return
                 if event is not None and event.cid == cid:
                     self._counts["found_locally"] += 1
                     self._add(state, event, REPAIR_HOP, None, now, out, fetched=True,
@@ -317,7 +334,7 @@ class GapFetching(BackfillParts):
             if state.wants.get(key) is gap:
                 del state.wants[key]  # its answer still counts if it comes (as a late one)
 
-    def _release(self, state: TopicState, gap: Gap, out: Out) -> int:
+    def _release(self, state: TopicState, gap: Gap, out: Out, now: float) -> int:
         """Deliver what waits on ``gap`` as if its frontier had been delivered (it is not:
         if it comes later it is delivered then). Backfilled events older than the horizon
         are settled as history instead, as they were before the look-ahead past it."""
@@ -325,7 +342,7 @@ class GapFetching(BackfillParts):
         if not children:
             return 0
         bounded_put(state.released, gap.frontier, None, self.config.memo_limit)
-        return self._resolve(state, children, out)
+        return self._resolve(state, children, out, now)
 
     def _inconclusive(self, state: TopicState, gap: Gap, now: float, out: Out) -> bool:
         """A gap that only looks past the horizon (everything waiting on it is older than
@@ -336,7 +353,7 @@ class GapFetching(BackfillParts):
         children = state.waiting.get(gap.frontier)
         if not children or not all(state.held[c].run for c in children):
             return False
-        self._release(state, gap, out)
+        self._release(state, gap, out, now)
         self._end(state, gap, now, out)
         return True
 
@@ -349,7 +366,7 @@ class GapFetching(BackfillParts):
         state = self._topics[gap.topic]
         if self._inconclusive(state, gap, now, out):
             return
-        released = self._release(state, gap, out)
+        released = self._release(state, gap, out, now)
         self._report(gap, released, reason, out)
         self._end(state, gap, now, out)
         until = now + self.config.retry_heads_after
@@ -379,6 +396,23 @@ class GapFetching(BackfillParts):
         self._open_gap(state, cid, peer, now, out)
         return out
 
+    def _wait_for_vouching(self, gap: Gap, out: Out) -> None:
+        """The frontier is a well-formed event whose publisher may no longer publish, and
+        nothing vouches for it yet (:class:`Unvouched`). A walk from the head the revoking
+        version recorded may still get there, and admitting that head's descendants vouches
+        for it: so its children stay held and it is judged again after the fetch backoff
+        (from the local store, where it is kept), until the gap times out like one whose
+        block nobody has."""
+        self._counts["unvouched"] += 1
+        gap.asked = None
+        gap.failures += 1
+        if gap.failures > self.config.fetch_retries:
+            gap.stalled = True  # the gap's timeout decides now
+            return
+        gap.retry_armed = True
+        delay = self.config.fetch_retry_delay * 2 ** (gap.failures - 1)
+        out.append(ev.SetTimer(delay, RetryFetch(gap.topic, gap.id)))
+
     def _invalid(
         self, state: TopicState, cid: CID, peer: PeerId | None, now: float, out: Out
     ) -> None:
@@ -405,7 +439,7 @@ class GapFetching(BackfillParts):
                 return
             if self._inconclusive(self._topics[victim.topic], victim, now, out):
                 continue
-            released = self._release(self._topics[victim.topic], victim, out)
+            released = self._release(self._topics[victim.topic], victim, out, now)
             self._report(victim, released, "overflow", out)
             victim.since = now
             self._arm(victim, victim.patience, out)
@@ -421,7 +455,7 @@ class GapFetching(BackfillParts):
         if gap.asked is None and not gap.retry_armed:  # (a parked gap's wait is armed)
             self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
             return out
-        released = self._release(state, gap, out)
+        released = self._release(state, gap, out, now)
         if released:
             self._report(gap, released, "timeout", out)
         gap.since = now  # still fetching: late ancestors are delivered when they come

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
 
 from . import events as ev
-from .backfill import Backfill
+from .backfill import Backfill, Unvouched
 from .config import CoreConfig
 from .events import Out
 from .fragments import Fragments
@@ -59,7 +59,9 @@ class CoreParts(ABC):
     def _on_event(self, peer: PeerId | None, msg: Event, now: float) -> Out: ...
 
     @abstractmethod
-    def _verify_backfilled(self, topic: CID, block: bytes) -> EventDescriptor | None: ...
+    def _verify_backfilled(
+        self, topic: CID, block: bytes
+    ) -> EventDescriptor | Unvouched | None: ...
 
     @abstractmethod
     def _parent_for(self, tree: Tree) -> CID | None: ...

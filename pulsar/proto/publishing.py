@@ -8,7 +8,8 @@
   they name, and waits for its JOIN to be answered, before it publishes or turns a request
   into an event: so it publishes under the latest rules and links to the latest events.
   Publishes wait (bounded) meanwhile.
-* **Linking.** LAST_SEEN links the newest event known here (``_parent_for`` in the core);
+* **Linking.** LAST_SEEN links the newest event known here (``_parent_for`` in the core)
+  as parent and up to eight other heads as merges (``_merges_for``), so forks join again;
   a CUSTOM parent must be an event of the topic, verified locally or fetched first.
 * **Persisted before forwarded** (:mod:`pulsar.proto.stores`): an event goes down the tree
   only once ``min_acks`` DHT nodes stored it, in chain order; otherwise the publish fails.
@@ -25,6 +26,7 @@ from __future__ import annotations
 from dag import CID, EventDescriptor, EventLinking, InvalidDescriptor, PeerId, TopicDescriptor
 from dag.chunks import local_blocks, parse_node
 from dag.cid import DAG_CBOR
+from dag.descriptors import MAX_MERGES
 from dag.errors import ChunkError
 from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
 
@@ -70,13 +72,13 @@ class Publishing(CoreParts):
     def _publish_now(
         self, tree: Tree, topic: TopicDescriptor, cmd: ev.Publish, now: float
     ) -> Out:
-        parent = (
-            self._parent_for(tree) if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
-        )
+        last_seen = topic.event_linking is EventLinking.LAST_SEEN
+        parent = self._parent_for(tree) if last_seen else cmd.parent
         if topic.may_publish(self.me):
             event = EventDescriptor.create(
                 self.identity, topic.cid, cmd.payload, parent=parent,
-                content_type=cmd.content_type, now=now,
+                content_type=cmd.content_type,
+                merges=self._merges_for(tree, parent) if last_seen else (), now=now,
             )
             return self._publish(tree, event, cmd.request)
         if not topic.may_request(self.me):
@@ -97,6 +99,20 @@ class Publishing(CoreParts):
         )
         return out
 
+    def _merges_for(self, tree: Tree, parent: CID | None) -> tuple[CID, ...]:
+        """LAST_SEEN: the newest other heads this node delivered (at most
+        :data:`MAX_MERGES`), linked beside ``parent`` so that concurrent publishers' forks
+        join again and every event stays reachable from the latest heads. Leaves out the
+        head our own events still being stored descend from (``parent`` reaches it)."""
+        below = self._stores.last_persisted(parent)
+        merges: list[CID] = []
+        for head in reversed(self.backfill.heads(tree.topic.cid)):
+            if head != parent and head != below:
+                merges.append(head)
+                if len(merges) == MAX_MERGES:
+                    break
+        return tuple(merges)
+
     def _check_parent(self, tree: Tree, parent: CID) -> str | None:
         """A CUSTOM parent must be a valid event of this topic: None if it is, "fetch" if it
         must be fetched first, else why not."""
@@ -105,7 +121,7 @@ class Publishing(CoreParts):
         block = self._lookup(parent)
         if block is None:
             return "fetch"
-        if self._verify_backfilled(tree.topic.cid, block) is None:
+        if not isinstance(self._verify_backfilled(tree.topic.cid, block), EventDescriptor):
             return f"parent {parent} is not a valid event of this topic"
         return None
 
@@ -129,7 +145,7 @@ class Publishing(CoreParts):
                 out.append(ev.CommandFailed(cmd.request, "left the topic before publishing"))
             elif block is None:
                 out.append(ev.CommandFailed(cmd.request, f"parent {cid} not found"))
-            elif self._verify_backfilled(topic, block) is None:
+            elif not isinstance(self._verify_backfilled(topic, block), EventDescriptor):
                 reason = f"parent {cid} is not a valid event of this topic"
                 out.append(ev.CommandFailed(cmd.request, reason))
             else:
@@ -458,8 +474,10 @@ class Publishing(CoreParts):
             return self._wait_for_sync(tree, (peer, msg))
         if not latest.may_request(msg.author):
             return self._reject(peer, f"{msg.author} may not request to publish")
+        merges: tuple[CID, ...] = ()
         if latest.event_linking is EventLinking.LAST_SEEN:
             parent = self._parent_for(tree)
+            merges = self._merges_for(tree, parent)
         else:
             parent = msg.parent
             if parent is not None and self._check_parent(tree, parent) is not None:
@@ -474,6 +492,7 @@ class Publishing(CoreParts):
                 created=msg.created,
                 author_signature=msg.signature,
                 content_type=msg.content_type,
+                merges=merges,
             )
         except InvalidDescriptor as exc:
             return self._reject(peer, f"request to publish: {exc}")

@@ -156,7 +156,7 @@ class TopicVersions:
     def admit(self, first: CID, event: EventDescriptor) -> str | None:
         """Judge ``event`` of the topic ``first`` by the rights rule (module docstring).
         Returns why it is refused, or None when it is valid; a valid sanctioned event
-        sanctions its parent, which is how the ancestry test walks back."""
+        sanctions its parent and merges, which is how the ancestry test walks back."""
         if self._first.get(event.topic) != first:
             return f"event {event.cid} names a version of another topic"
         latest = self._latest[first]
@@ -176,8 +176,11 @@ class TopicVersions:
                     f"{latest.cid}) and the event is not in the history that version records"
                 )
         sanctioned = self._sanctioned.get(first)
-        if sanctioned is not None and event.cid in sanctioned and event.parent is not None:
-            self._sanction(sanctioned, event.parent)
+        if sanctioned is not None and event.cid in sanctioned:
+            if event.parent is not None:
+                self._sanction(sanctioned, event.parent)
+            for merged in event.merges:
+                self._sanction(sanctioned, merged)
         return None
 
     def needs_vouching(self, first: CID, event: EventDescriptor) -> bool:

@@ -8,7 +8,7 @@ first, then the DHT) and judged exactly as a subscriber judges it (CID, signatur
 rights rule under the latest version), so a replay never yields what a subscriber would
 refuse.
 
-The walk follows parent links from the heads — or from ``until`` when it is an event —
+The walk follows parent and merge links from the heads — or from ``until`` when it is an event —
 breadth first with up to :data:`CONCURRENCY` fetches in flight (a parent's fetch starts
 as soon as its child's block arrives, before the child is verified), and stops at
 ``since`` (an event CID: that event and what precedes it; a time: events created before
@@ -177,7 +177,7 @@ async def _walk(
     since: CID | float | None,
     missing: list[CID],
 ) -> list[EventDescriptor]:
-    """Walk parent links back from ``heads``. A block's parent link is read (without the
+    """Walk parent and merge links back from ``heads``. A block's links are read (without the
     signature check) as soon as the block arrives, and its fetch starts before the block
     is verified, so a chain's network round trips overlap with the verification."""
     found: dict[CID, EventDescriptor] = {}
@@ -215,11 +215,12 @@ async def _walk(
             if links is None:
                 log.warning("replay of %s: %s is not an event", first.cid, cid)
                 continue
-            parent, created = links
-            if isinstance(since, float | int) and parse_timestamp(created) < float(since):
+            if isinstance(since, float | int) and parse_timestamp(links.created) < float(since):
                 continue  # before the range: neither it nor its ancestors
-            if parent is not None:
-                want(parent)
+            if links.parent is not None:
+                want(links.parent)
+            for merged in links.merges:  # other tips its publisher knew: their histories
+                want(merged)
             event = await _verified(node, first, versions, cid, block, deferred)
             if event is None:
                 continue
@@ -246,9 +247,10 @@ async def _walk(
                 continue
             seen.add(cid)
             versions.vouch(first.cid, cid)
-            parent = events[cid].parent
-            if parent is not None and parent in events:
-                stack.append(parent)
+            event = events[cid]
+            for link in (event.parent, *event.merges):
+                if link is not None and link in events:
+                    stack.append(link)
         for cid, event in list(deferred.items()):
             if versions.admit(first.cid, event) is None:
                 found[cid] = event

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from api.logblocks import LogRecord
 from dag import CID, EventDescriptor, PeerId, check_content_type
 from dag.codec import decode_fast, is_cid_like
-from dag.descriptors import MAX_INLINE_PAYLOAD, SIGNATURE_SIZE
+from dag.descriptors import MAX_INLINE_PAYLOAD, MAX_MERGES, SIGNATURE_SIZE
 from dag.errors import DagError
 
 from .errors import PulsarcastSparkError
@@ -49,6 +49,9 @@ _CID_BYTES: Final = 36
 _KEYS: Final = frozenset({"topic", "author", "publisher", "parent", "payload", "metadata",
                           "authorSignature"})
 _KEYS_COSIGNED: Final = _KEYS | {"publisherSignature"}
+_KEY_SETS: Final = (_KEYS, _KEYS_COSIGNED, _KEYS | {"merges"}, _KEYS_COSIGNED | {"merges"})
+"""The shapes the fast path reads: with or without a publisher's signature, with or without
+merge links (which a row does not carry: they are checked to be links and skipped)."""
 _META_KEYS: Final = frozenset({"created", "protocolVersion"})
 _META_KEYS_TYPED: Final = _META_KEYS | {"contentType"}
 MAX_CREATED_CHARS: Final = 40
@@ -81,7 +84,7 @@ def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
     """The fields of one hash-checked event block (see the module docstring); ``previous``
     is the CID of the row before, already validated, and usually this event's parent."""
     wire = decode_fast(block)
-    if type(wire) is not dict or (wire.keys() != _KEYS and wire.keys() != _KEYS_COSIGNED):
+    if type(wire) is not dict or wire.keys() not in _KEY_SETS:
         return _full(block, cid)
     payload = wire["payload"]
     meta = wire["metadata"]
@@ -102,12 +105,18 @@ def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
     _link(wire["topic"])
     if parent is not None and parent != previous:
         _link(parent)
+    merges = wire.get("merges")
+    if merges is not None:
+        if type(merges) is not list or not 0 < len(merges) <= MAX_MERGES:
+            raise ValueError("merges is not a list of 1 to 8 links")
+        for merged in merges:
+            _link(merged)
     return _Fields(_peer(wire["author"]), _peer(wire["publisher"]), parent, payload, created,
                    content_type)
 
 
 _KEYS_FIELDS: Final = frozenset({"topic", "author", "publisher", "parent", "payload",
-                                 "metadata"})
+                                 "metadata", "merges"})
 _SEEN_PEERS: set[bytes] = set()
 _SEEN_LINKS: set[bytes] = set()
 

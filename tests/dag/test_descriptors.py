@@ -25,7 +25,13 @@ from dag import (
     encode,
 )
 from dag.codec import encode_reference_free
-from dag.descriptors import MAX_INLINE_PAYLOAD, iso_timestamp, parse_timestamp
+from dag.descriptors import (
+    MAX_DESCRIPTOR_SIZE,
+    MAX_INLINE_PAYLOAD,
+    MAX_MERGES,
+    iso_timestamp,
+    parse_timestamp,
+)
 
 ALICE = Identity.from_seed(b"a" * 32)
 BOB = Identity.from_seed(b"b" * 32)
@@ -343,3 +349,58 @@ def test_event_roundtrip_property(payload: bytes, with_parent: bool) -> None:
     parsed = EventDescriptor.from_block(event.to_block(), event.cid)
     assert (parsed.payload, parsed.parent, parsed.topic) == (payload, parent, topic)
     assert encode_reference_free(decode(event.block)) == event.block
+
+
+def test_merge_links_are_signed_and_bounded(topic: TopicDescriptor) -> None:
+    tips = [EventDescriptor.create(BOB, topic.cid, b"tip %d" % i, now=NOW + i).cid
+            for i in range(MAX_MERGES + 1)]
+    parent, merges = tips[0], tuple(tips[1:MAX_MERGES + 1])
+    event = EventDescriptor.create(BOB, topic.cid, b"joins", parent=parent, merges=merges)
+    parsed = EventDescriptor.from_block(event.block)
+    assert parsed.merges == merges and parsed.parent == parent
+    # No merges: the key is left out, so events without them keep their encoding.
+    plain = EventDescriptor.create(BOB, topic.cid, b"plain", parent=parent, now=NOW)
+    assert "merges" not in decode(plain.block) and plain.merges == ()
+
+    def drop_one(v: dict[str, Any]) -> None:
+        v["merges"] = v["merges"][1:]
+
+    with pytest.raises(SignatureError):  # the publisher's signature covers them
+        EventDescriptor.from_block(_reencode(event.block, drop_one))
+    for bad in (tips, [tips[1], tips[1]], [parent]):
+        with pytest.raises(SchemaError):
+            EventDescriptor.create(BOB, topic.cid, b"x", parent=parent, merges=tuple(bad))
+
+    def empty(v: dict[str, Any]) -> None:
+        v["merges"] = []
+
+    def not_links(v: dict[str, Any]) -> None:
+        v["merges"] = [b"\x01\x02"]
+
+    for change in (empty, not_links):
+        with pytest.raises(SchemaError):
+            EventDescriptor.from_block(_reencode(plain.block, change), verify_signature=False)
+
+
+def test_merges_of_a_request_to_publish_are_the_publishers(topic: TopicDescriptor) -> None:
+    """The author signs its content only; the publisher chooses (and signs) the links."""
+    tip = EventDescriptor.create(BOB, topic.cid, b"tip", now=NOW).cid
+    created, author_sig = EventDescriptor.sign_content(CAROL, topic.cid, b"c", now=NOW)
+    event = EventDescriptor.create(BOB, topic.cid, b"c", author=CAROL.peer_id, created=created,
+                                   author_signature=author_sig, merges=(tip,))
+    assert EventDescriptor.from_block(event.block).merges == (tip,)
+
+
+def test_the_largest_inline_event_with_every_merge_fits_a_descriptor(
+    topic: TopicDescriptor,
+) -> None:
+    tips = tuple(EventDescriptor.create(BOB, topic.cid, b"%d" % i, now=NOW + i).cid
+                 for i in range(MAX_MERGES + 1))
+    created, author_sig = EventDescriptor.sign_content(
+        CAROL, topic.cid, b"x" * MAX_INLINE_PAYLOAD, content_type="a/" + "b" * 125, now=NOW)
+    event = EventDescriptor.create(
+        BOB, topic.cid, b"x" * MAX_INLINE_PAYLOAD, author=CAROL.peer_id, created=created,
+        author_signature=author_sig, content_type="a/" + "b" * 125, parent=tips[0],
+        merges=tips[1:])
+    assert len(event.block) <= MAX_DESCRIPTOR_SIZE
+    assert EventDescriptor.from_block(event.block).merges == tips[1:]

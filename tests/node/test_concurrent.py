@@ -13,9 +13,25 @@ PER_PUBLISHER = 30
 
 
 def _tips(events: list[EventDescriptor]) -> set[CID]:
-    """The events no other event names as parent: the heads of a complete DAG."""
-    parents = {e.parent for e in events}
-    return {e.cid for e in events} - parents
+    """The events no other event links to (as parent or merge): the heads of a complete
+    DAG."""
+    linked = {e.parent for e in events} | {m for e in events for m in e.merges}
+    return {e.cid for e in events} - linked
+
+
+def _reachable(events: list[EventDescriptor], heads: set[CID]) -> set[CID]:
+    """What a walk back from ``heads`` over parent and merge links reaches."""
+    by_cid = {e.cid: e for e in events}
+    seen: set[CID] = set()
+    stack = list(heads)
+    while stack:
+        cid = stack.pop()
+        if cid in seen or cid not in by_cid:
+            continue
+        seen.add(cid)
+        event = by_cid[cid]
+        stack += [c for c in (event.parent, *event.merges) if c is not None]
+    return seen
 
 
 async def test_two_concurrent_last_seen_publishers_every_subscriber_converges(
@@ -46,9 +62,15 @@ async def test_two_concurrent_last_seen_publishers_every_subscriber_converges(
     for event in published:
         assert event.parent is None or event.parent in by_cid
     assert any(by_cid[e.parent].publisher != e.publisher for e in published if e.parent)
-    # The race forked the DAG: it has several tips (one chain would prove little).
+    # The race forked the DAG: some events share a parent (one chain would prove little).
+    parents = [e.parent for e in published if e.parent is not None]
+    assert len(set(parents)) < len(parents), "no fork: the publishers did not race"
+    # Merge links join the forks again: every event hangs below the last tips, so a walk
+    # back from them (a replay from the topic's CID, a returning subscriber) finds it.
     tips = _tips(published)
-    assert len(tips) > 1, "no fork: the publishers did not race"
+    assert any(e.merges for e in published)
+    assert len(tips) <= 2
+    assert _reachable(published, tips) == set(by_cid)
 
     received = await asyncio.gather(*(collect(s, 2 * PER_PUBLISHER) for s in [*subs, other_sub]))
     for events in received:
@@ -83,3 +105,8 @@ async def test_two_concurrent_last_seen_publishers_every_subscriber_converges(
     for node, events in zip([*readers, other], received, strict=True):
         logged = [e.cid async for e in node.history(topic.cid)]
         assert logged == [e.cid for e in events]
+    # A node that never followed the topic replays all of it from the topic's CID: the
+    # publishers' heads records name the last tips, and merge links lead to every fork.
+    (reader,) = await network.start(1)
+    replayed = [e.cid async for e in reader.replay(topic.cid)]
+    assert sorted(replayed, key=bytes) == sorted(by_cid, key=bytes)

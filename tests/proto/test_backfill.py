@@ -709,6 +709,67 @@ def test_heads_exchange_finds_a_branch_nobody_forwarded() -> None:
     assert len(net.sent) == total
 
 
+def test_a_merged_tip_nobody_forwarded_is_fetched_and_stops_being_a_head() -> None:
+    # The DAG forked at e0 (a1 and b1). The next event, c2, links a1 as parent and b1 as
+    # a merge. n never got b1 and no neighbour names it as a head any more (c2 replaced
+    # both): only the merge link tells n that b1 exists.
+    (e0,) = _chain(1)
+    (a1,) = _chain(1, parent=e0.cid, start=T0 + 10, tag="a")
+    (b1,) = _chain(1, parent=e0.cid, start=T0 + 11, publisher=OTHER, tag="b")
+    c2 = EventDescriptor.create(AUTHOR, TID, b"c2", parent=a1.cid, merges=(b1.cid,),
+                                now=T0 + 12)
+    net = Net()
+    net.dht.update({e.cid: e.block for e in (e0, a1, b1, c2)})
+    n = net.add(PEER, neighbours=lambda topic: [])
+    for event in (e0, a1, c2):
+        net.run(n, n.bf.accepted(TID, event, 1, None, 0.0))
+        n.has([event])
+    # c2 is not held for its merge (order follows parents); b1 is fetched from the DHT
+    # (no neighbour to ask, no RTT measured: no reorder wait) and delivered after it.
+    assert n.delivered == [e0, a1, c2, b1]
+    assert n.bf.metrics["merges_followed"] == 1
+    assert n.bf.heads(TID) == [c2.cid]  # b1 arrived after c2 merged it: not a head
+    assert n.bf.missing(TID) == []
+
+
+def test_a_restart_fetches_the_merged_tips_it_never_got() -> None:
+    """c2 merged b1 and was delivered; the fetch of b1 died with the process. After the
+    restart nothing names b1 (it is nobody's head): the restored subscription reads back
+    from its heads and asks for it, and only for it."""
+    (e0,) = _chain(1)
+    (a1,) = _chain(1, parent=e0.cid, start=T0 + 10, tag="a")
+    (b1,) = _chain(1, parent=e0.cid, start=T0 + 11, publisher=OTHER, tag="b")
+    c2 = EventDescriptor.create(AUTHOR, TID, b"c2", parent=a1.cid, merges=(b1.cid,),
+                                now=T0 + 12)
+    (d3,) = _chain(1, parent=c2.cid, start=T0 + 13, tag="d")
+    store = {e.cid: e.block for e in (e0, a1, c2, d3)}
+    log = {e0.cid, a1.cid, c2.cid, d3.cid}
+    core = Backfill(store.get, _verifier(), is_delivered=lambda topic, cid: cid in log)
+    out = core.open(TID, 0.0, heads=[d3.cid])
+    assert [o.cid for o in out if isinstance(o, ev.Fetch)] == [b1.cid]
+    assert _delivered(core.on_fetched(b1.cid, b1.block, 0.1)) == [b1]
+    # Nothing missing: a restart asks for nothing.
+    log.add(b1.cid)
+    store[b1.cid] = b1.block
+    again = Backfill(store.get, _verifier(), is_delivered=lambda topic, cid: cid in log)
+    assert not [o for o in again.open(TID, 0.0, heads=[d3.cid]) if isinstance(o, ev.Fetch)]
+
+
+def test_merged_tips_are_no_longer_heads() -> None:
+    (e0,) = _chain(1)
+    (a1,) = _chain(1, parent=e0.cid, start=T0 + 10, tag="a")
+    (b1,) = _chain(1, parent=e0.cid, start=T0 + 11, publisher=OTHER, tag="b")
+    core = _core()
+    for event in (e0, a1, b1):
+        core.accepted(TID, event, 1, PEER, 0.0)
+    assert core.heads(TID) == [a1.cid, b1.cid]
+    c2 = EventDescriptor.create(AUTHOR, TID, b"c2", parent=b1.cid, merges=(a1.cid,),
+                                now=T0 + 12)
+    assert _delivered(core.accepted(TID, c2, 1, PEER, 0.0)) == [c2]
+    assert core.heads(TID) == [c2.cid]
+    assert core.metrics["merges_followed"] == 0  # a1 was delivered: nothing to fetch
+
+
 # --------------------------------------------------------------------------- bounds
 
 

@@ -365,3 +365,97 @@ def test_needs_vouching_names_exactly_the_refusals_a_recorded_history_could_lift
     versions.vouch(v1.cid, bob_before.cid)
     assert not versions.needs_vouching(v1.cid, bob_before)
     assert versions.admit(v1.cid, bob_before) is None
+
+
+def _run_store(out: list[Any], blocks: dict[CID, bytes]) -> None:
+    """Apply the core's ``StoreLocal`` outputs to the lookup's dictionary, as a driver does."""
+    for o in out:
+        if isinstance(o, ev.StoreLocal):
+            blocks[o.cid] = o.block
+
+
+def test_an_event_reached_first_from_an_unvouched_child_waits_for_the_recorded_head() -> None:
+    """Bob published x1 then x2; v2 revokes Bob and records x2. Carol, who never saw x2,
+    published z on x1 afterwards. A reader meets z first: walking back from it reaches x1,
+    which nothing vouches for yet, since the walk from x2 has not passed it. x1 is not
+    refused for good: z stays held, and once x2 arrives (vouched, so x1 is vouched too)
+    x1 is judged again and everything is delivered, parents first."""
+    from pulsar.proto.timers import RetryFetch
+
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id, CAROL.peer_id])
+    x1 = _event(BOB, v1, b"x1", now=1100.0)
+    x2 = _event(BOB, v1, b"x2", parent=x1.cid, now=1200.0)
+    v2 = _version(v1, [x2.cid], allowed_publishers=[CAROL.peer_id])
+    z = _event(CAROL, v2, b"z", parent=x1.cid, now=2100.0)
+    blocks: dict[CID, bytes] = {}
+    core = _reader(meta, v1, v2, store=blocks)
+    out = _receive(core, v1, z)
+    _run_store(out, blocks)
+    (want,) = [o.message for o in out if isinstance(o, ev.Send) and isinstance(o.message, Want)]
+    assert want.head == x1.cid
+    out = core.handle(ev.Received(AUTHOR.peer_id, Blocks(v1.cid, x1.cid, (x1.block,))), 3001.1)
+    _run_store(out, blocks)
+    assert _rejected(out) == [] and _delivered(out) == []
+    (retry,) = [o for o in out if isinstance(o, ev.SetTimer) and isinstance(o.timer, RetryFetch)]
+    out = _receive(core, v1, x2, now=3001.2)
+    _run_store(out, blocks)
+    assert _rejected(out) == [] and _delivered(out) == []  # x2 waits for x1 too
+    out = core.handle(ev.TimerFired(retry.timer), 3001.2 + retry.delay)
+    assert _rejected(out) == []
+    delivered = _delivered(out)
+    assert sorted(delivered, key=bytes) == sorted([x1.cid, x2.cid, z.cid], key=bytes)
+    assert delivered[0] == x1.cid
+
+
+def test_a_revocation_vouches_for_what_is_missing_below_heads_admitted_before_it() -> None:
+    """x2 (Bob) reached the reader while Bob still had the right; its parent x1 did not.
+    Then v2 revokes Bob, recording x2. Admitting x2 passed no vouching down (nothing was
+    vouched then), so adopting v2 passes it down the held history: x1, when it comes, is
+    history v2 vouches for, not a refused event."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    x1 = _event(BOB, v1, b"x1", now=1100.0)
+    x2 = _event(BOB, v1, b"x2", parent=x1.cid, now=1200.0)
+    v2 = _version(v1, [x2.cid], allowed_publishers=[])
+    blocks: dict[CID, bytes] = {}
+    core = _reader(meta, v1, store=blocks)
+    out = _receive(core, v1, x2)
+    _run_store(out, blocks)
+    assert _rejected(out) == [] and _delivered(out) == []  # held: its parent is missing
+    announcement = EventDescriptor.create(AUTHOR, meta.cid, v2.cid.raw, now=2500.0)
+    core.handle(ev.Received(AUTHOR.peer_id, Event(meta.cid, announcement.block, 1)), 3001.1)
+    core.handle(ev.BlockFetched(v2.cid, v2.block), 3001.15)
+    assert core.latest(v1.cid) == v2
+    out = _receive(core, v1, x1, now=3001.2)
+    assert _rejected(out) == [] and _delivered(out) == [x1.cid, x2.cid]
+
+
+def test_vouching_passes_through_events_admitted_on_their_own_rights() -> None:
+    """Bob published x1, Carol c1 on it and h on c1; v2 revokes Bob and records h. The
+    reader meets Carol's later z (on c1) first: c1 is admitted on Carol's rights, which
+    vouches for nothing, and x1 waits, unvouched. When h arrives, admitting it vouches for
+    c1 — already held — and the vouching must go on down to x1."""
+    from pulsar.proto.timers import RetryFetch
+
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id, CAROL.peer_id])
+    x1 = _event(BOB, v1, b"x1", now=1100.0)
+    c1 = _event(CAROL, v1, b"c1", parent=x1.cid, now=1200.0)
+    h = _event(CAROL, v1, b"h", parent=c1.cid, now=1300.0)
+    v2 = _version(v1, [h.cid], allowed_publishers=[CAROL.peer_id])
+    z = _event(CAROL, v2, b"z", parent=c1.cid, now=2100.0)
+    blocks: dict[CID, bytes] = {}
+    core = _reader(meta, v1, v2, store=blocks)
+    out = _receive(core, v1, z)
+    _run_store(out, blocks)
+    out = core.handle(
+        ev.Received(AUTHOR.peer_id, Blocks(v1.cid, c1.cid, (c1.block, x1.block))), 3001.1)
+    _run_store(out, blocks)
+    assert _rejected(out) == [] and _delivered(out) == []
+    (retry,) = [o for o in out if isinstance(o, ev.SetTimer) and isinstance(o.timer, RetryFetch)]
+    out = _receive(core, v1, h, now=3001.2)
+    _run_store(out, blocks)
+    assert _rejected(out) == [] and _delivered(out) == []
+    out = core.handle(ev.TimerFired(retry.timer), 3001.2 + retry.delay)
+    assert _rejected(out) == []
+    delivered = _delivered(out)
+    assert delivered[:2] == [x1.cid, c1.cid]
+    assert sorted(delivered[2:], key=bytes) == sorted([z.cid, h.cid], key=bytes)
