@@ -209,18 +209,18 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
     linked: list[int] = []
     raws: list[bytes] = []
     delivered: list[float] = []
-    previous = b""
+    previous_cid = b""
     for i in range(keep):
         record = records[i]
         try:
             cid = CID.parse(record.cid)
             if not cid.verifies(record.block):
                 raise ValueError(f"the block does not hash to {cid}")
-            event = _fields(record.block, cid, previous)
+            event = _fields(record.block, cid, previous_cid)
         except (DagError, ValueError) as exc:
             raise _bad(f"position {record.seq}: {exc}") from None
         raws.append(cid.raw)
-        previous = cid.raw
+        previous_cid = cid.raw
         parent_raws.append(event.parent)
         authors.append(texts.peer(event.author))
         publishers.append(texts.peer(event.publisher))

@@ -97,6 +97,7 @@ def main() -> None:
             df.write.format("noop").mode("overwrite").save()
             elapsed = time.perf_counter() - start
             seqs = df.selectExpr("min(seq)", "max(seq)", "count(*)").first()
+            assert seqs is not None  # an aggregate always has one row
             _say(f"batch read: {seqs[2]:,} rows (seq {seqs[0]}..{seqs[1]}) in "
                  f"{df.rdd.getNumPartitions()} partitions; {args.events / elapsed:,.0f} "
                  "rows/s (noop sink)")

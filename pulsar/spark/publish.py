@@ -47,7 +47,8 @@ def payload_column(names: list[str]) -> str:
 def _topics(batch: pa.RecordBatch, topic_option: str | None) -> list[Any] | None:
     if topic_option is not None:
         return None
-    return batch.column(batch.schema.names.index("topic")).to_pylist()
+    topics: list[Any] = batch.column(batch.schema.names.index("topic")).to_pylist()
+    return topics
 
 
 def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None,
@@ -191,8 +192,8 @@ def publish_task(options: WriteOptions, batches: Iterator[pa.RecordBatch]
             first += batch.num_rows
             loop.run_until_complete(publisher.run(rows))
             if publisher.failure is not None:
-                row, exc = publisher.failure
-                cause = translate(exc, options.endpoint, f"publishing to {row.topic}")
+                row, error = publisher.failure
+                cause = translate(error, options.endpoint, f"publishing to {row.topic}")
                 raise PulsarcastSparkError(
                     "PUBLISH_FAILED", f"{where}: row {row.index} could not be published: "
                     f"{cause.detail}; this task had published {len(publisher.published)} "

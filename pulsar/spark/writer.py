@@ -121,12 +121,12 @@ class _Publishing:
 class BatchWriter(_Publishing, DataSourceArrowWriter):
     """``df.write.format("pulsarcast").mode("append")``: rows arrive as Arrow batches."""
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _raise_failures(list(messages))  # Spark then calls abort with the same messages
         tasks, events, _ = _summary(list(messages))
         log.info("pulsarcast write committed: %d task(s) published %d event(s)", tasks, events)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning("pulsarcast write aborted: %s", _aborted(list(messages)))
 
 
@@ -134,14 +134,14 @@ class StreamWriter(_Publishing, DataSourceStreamArrowWriter):
     """``writeStream.format("pulsarcast")``: each micro-batch's rows are published; a batch
     re-run after a failure publishes its rows again (at-least-once)."""
 
-    def commit(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
+    def commit(self, messages: list[WriterCommitMessage | None],
                batchId: int) -> None:
         _raise_failures(list(messages))
         tasks, events, _ = _summary(list(messages))
         log.info("pulsarcast micro-batch %d committed: %d task(s) published %d event(s)",
                  batchId, tasks, events)
 
-    def abort(self, messages: list[WriterCommitMessage | None],  # type: ignore[override]
+    def abort(self, messages: list[WriterCommitMessage | None],
               batchId: int) -> None:
         log.warning("pulsarcast micro-batch %d aborted: %s", batchId,
                     _aborted(list(messages)))

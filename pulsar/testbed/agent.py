@@ -216,6 +216,7 @@ class _Agent(CommandWorker):
         core = node.core
         members = core.members.active if isinstance(core, PulsarCore) else {}
         for peer, near in members.items():
+            assert isinstance(core, PulsarCore)  # members come from its overlay alone
             estimate = core.rtt.get(peer)
             srtt = None if estimate is None else round(estimate.srtt * 1000, 1)
             overlay[str(peer)] = [srtt, near]

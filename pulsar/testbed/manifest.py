@@ -57,7 +57,7 @@ def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
 def load_manifest(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest: Any = json.loads(path.read_text())
     except FileNotFoundError:
         raise ValueError(f"{run_dir}: not a testbed run directory (no {MANIFEST})") from None
     except json.JSONDecodeError as exc:
@@ -66,4 +66,5 @@ def load_manifest(run_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: unknown manifest format {manifest.get('format')!r}")
     if not isinstance(manifest.get("protocols"), dict):
         raise ValueError(f"{path}: no 'protocols' section")
-    return manifest
+    checked: dict[str, Any] = manifest
+    return checked

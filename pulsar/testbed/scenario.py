@@ -14,7 +14,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import PROTOCOLS
 
@@ -142,15 +142,18 @@ def parse_scenario(raw: dict[str, Any], *, default_name: str = "scenario") -> Sc
     return scenario
 
 
-def _section(cls: Any, raw: Any, where: str, **extra: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _section(cls: type[_T], raw: Any, where: str, **extra: Any) -> _T:
     if not isinstance(raw, dict):
         raise ScenarioError(f"[{where}] must be a table")
-    names = {f.name for f in dataclasses.fields(cls)} - set(extra)
+    names = {f.name for f in dataclasses.fields(cls)} - set(extra)  # type: ignore[arg-type]
     unknown = sorted(set(raw) - names)
     if unknown:
         raise ScenarioError(f"[{where}]: unknown key(s) {', '.join(unknown)}; "
                             f"known: {', '.join(sorted(names))}")
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    types = {f.name: f.type for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key, value in raw.items():
         expected = types[key]
         if "float" in expected and isinstance(value, int) and not isinstance(value, bool):
