@@ -45,8 +45,9 @@ from .net.transport import Transport
 from .proto import events as ev
 from .proto.core import PulsarCore, TreeView
 from .proto.floodsub import FloodCore
-from .proto.messages import MessageError, decode_message, encode_message
+from .proto.messages import MessageError
 from .proto.timers import Timer
+from .proto.wire import Message, decode_message, encode_message
 from .runtime.peer_faults import PeerFaults
 from .runtime.replay import replay_history
 from .runtime.routing import DhtRouting
@@ -960,7 +961,7 @@ class Node:
         if future is not None and not future.done():
             future.set_result(value)
 
-    def _send(self, peer: PeerId, message: Any) -> None:
+    def _send(self, peer: PeerId, message: Message) -> None:
         if self._stopped:
             return
         frame = encode_message(message)

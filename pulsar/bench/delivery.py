@@ -81,7 +81,8 @@ from ..net.config import TransportConfig
 from ..net.faults import FaultInjector
 from ..node import Node, PublishError
 from ..proto.core import CoreConfig
-from ..proto.messages import Event, encode_message
+from ..proto.messages import Event
+from ..proto.wire import encode_message
 from ..runtime.subscription import Subscription
 from .worker import copies_received
 

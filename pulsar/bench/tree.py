@@ -56,7 +56,8 @@ from dag import CID, EventDescriptor, Identity, TopicDescriptor
 from ..config import NodeConfig
 from ..net.transport import Transport
 from ..node import Node
-from ..proto.messages import Event, Join, encode_message
+from ..proto.messages import Event, Join
+from ..proto.wire import encode_message
 from .control import WorkerProcess
 from .timing import percentile
 from .worker import copies_received, counters

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .messages import MessageError, decode_wire, register
+from .messages import MessageError
 from .repair_messages import Heads, HeadsDigest
 
-__all__ = ["BATCH_BYTES", "MAX_BATCH", "Batch", "BatchItem"]
+__all__ = ["BATCH_BYTES", "BATCH_KINDS", "MAX_BATCH", "Batch", "BatchItem"]
 
 MAX_BATCH: Final = 256
 """Messages in one BATCH."""
@@ -26,7 +26,8 @@ BATCH_BYTES: Final = 256 * 1024
 """The estimated encoded size at which the core starts another BATCH."""
 
 BatchItem = Heads | HeadsDigest | IHave | Shuffle | Prune | Graft
-_KINDS: Final = frozenset(cls.T for cls in (Heads, HeadsDigest, IHave, Shuffle, Prune, Graft))
+BATCH_KINDS: Final = frozenset(cls.T for cls in (Heads, HeadsDigest, IHave, Shuffle, Prune, Graft))
+"""The message types a BATCH may carry."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,21 +36,18 @@ class Batch:
 
     messages: tuple[BatchItem, ...]
     T: ClassVar[str] = "batch"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"msgs"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "msgs": [m.to_wire() for m in self.messages]}
 
-    @classmethod
-    def from_wire(cls, m: dict[str, Any]) -> Batch:
+    @staticmethod
+    def items_of(m: dict[str, Any]) -> list[dict[str, Any]]:
+        """The maps of the messages a BATCH carries, checked for count and shape; the wire
+        decoder decodes each one, allowing :data:`BATCH_KINDS` only."""
         items = m["msgs"]
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
             raise MessageError(f"batch.msgs must be a list of 1 to {MAX_BATCH} messages")
-        messages = []
-        for item in items:
-            if not isinstance(item, dict):
-                raise MessageError("batch.msgs holds messages (maps)")
-            messages.append(decode_wire(item, _KINDS))
-        return cls(tuple(messages))
-
-
-register(Batch, {"msgs"})
+        if not all(isinstance(item, dict) for item in items):
+            raise MessageError("batch.msgs holds messages (maps)")
+        return items

@@ -22,23 +22,8 @@ from dataclasses import dataclass, field
 from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
 from dag.records import HeadsRecord
 
-from .batch_messages import Batch
-from .flood_messages import Subs
-from .fragment_messages import Fragment, FWant, IDontWant
-from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .membership_messages import (
-    Disconnect,
-    ForwardJoin,
-    HvJoin,
-    Interests,
-    Neighbor,
-    NeighborReply,
-    ViewShuffle,
-    ViewShuffleReply,
-)
-from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from .repair_messages import Blocks, Heads, HeadsDigest, Joined, Want
 from .timers import Timer
+from .wire import Message
 
 __all__ = [
     "BlockFetched",
@@ -77,37 +62,6 @@ __all__ = [
     "VersionAdopted",
 ]
 
-Message = (
-    Join
-    | Leave
-    | Event
-    | RequestToPublish
-    | Ping
-    | Pong
-    | IHave
-    | Graft
-    | Prune
-    | Shuffle
-    | Want
-    | Blocks
-    | Heads
-    | HeadsDigest
-    | Joined
-    | Subs
-    | Batch
-    | Fragment
-    | IDontWant
-    | FWant
-    | HvJoin
-    | ForwardJoin
-    | Neighbor
-    | NeighborReply
-    | Disconnect
-    | ViewShuffle
-    | ViewShuffleReply
-    | Interests
-)
-"""Every message a peer can send (what ``decode_message`` returns)."""
 
 
 # --------------------------------------------------------------------------- inputs

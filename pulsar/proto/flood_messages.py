@@ -1,7 +1,7 @@
 """Floodsub's one message of its own, SUBS (events travel in the shared EVENT message).
 
 It follows :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, exactly the
-listed keys, every field validated) and registers itself with its decoder on import.
+listed keys, every field validated); :mod:`pulsar.proto.wire` lists it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID
 
-from .messages import MessageError, _cid, register
+from .messages import MessageError, _cid
 
 __all__ = ["MAX_SUBS", "Subs"]
 
@@ -25,6 +25,7 @@ class Subs:
     topics: tuple[CID, ...]
     on: bool
     T: ClassVar[str] = "subs"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"on", "topics"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topics": list(self.topics), "on": self.on}
@@ -42,4 +43,3 @@ class Subs:
         return cls(parsed, on)
 
 
-register(Subs, {"topics", "on"})

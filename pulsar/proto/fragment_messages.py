@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID
 
-from .messages import MessageError, _cid, register
+from .messages import MessageError, _cid
 
 __all__ = [
     "MAX_FRAGMENT",
@@ -47,6 +47,7 @@ class Fragment:
     cid: CID
     block: bytes
     T: ClassVar[str] = "frag"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"block", "cid", "event", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -75,6 +76,7 @@ class IDontWant:
     topic: CID
     events: tuple[CID, ...]
     T: ClassVar[str] = "idontwant"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"events", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "events": list(self.events)}
@@ -99,6 +101,7 @@ class FWant:
     event: CID
     cids: tuple[CID, ...]
     T: ClassVar[str] = "fwant"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"cids", "event", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "event": self.event, "cids": list(self.cids)}
@@ -115,6 +118,3 @@ class FWant:
         )
 
 
-register(Fragment, {"topic", "event", "cid", "block"})
-register(IDontWant, {"topic", "events"})
-register(FWant, {"topic", "event", "cids"})

@@ -1,7 +1,7 @@
 """Wire messages of the lazy-repair (Plumtree) layer: IHAVE, GRAFT, PRUNE, SHUFFLE.
 
 They follow :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, every field
-validated on decode) and register themselves with its decoder on import.
+validated on decode); :mod:`pulsar.proto.wire` lists them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId
 
-from .messages import MAX_HOPS, MessageError, _cid, _uint, register
+from .messages import MAX_HOPS, MessageError, _cid, _uint
 
 __all__ = ["MAX_IHAVE", "MAX_SAMPLE", "Graft", "IHave", "Prune", "Shuffle", "parse_sample"]
 
@@ -26,6 +26,7 @@ class IHave:
     topic: CID
     entries: tuple[tuple[CID, int], ...]
     T: ClassVar[str] = "ihave"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"ids", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "ids": [[c, h] for c, h in self.entries]}
@@ -50,6 +51,7 @@ class Graft:
     topic: CID
     event: CID | None
     T: ClassVar[str] = "graft"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"event", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "event": self.event}
@@ -66,6 +68,7 @@ class Prune:
 
     topic: CID
     T: ClassVar[str] = "prune"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic}
@@ -84,6 +87,7 @@ class Shuffle:
     peers: tuple[PeerId, ...]
     reply: bool
     T: ClassVar[str] = "shuffle"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"peers", "reply", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -111,7 +115,3 @@ def parse_sample(peers: Any, name: str, limit: int = MAX_SAMPLE) -> tuple[PeerId
         raise MessageError(f"{name}: {exc}") from None
 
 
-register(IHave, {"topic", "ids"})
-register(Graft, {"topic", "event"})
-register(Prune, {"topic"})
-register(Shuffle, {"topic", "peers", "reply"})

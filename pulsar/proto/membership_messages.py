@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Final
 from dag import CID, PeerId
 
 from .gossip_messages import parse_sample
-from .messages import MessageError, _cid, _uint, register
+from .messages import MessageError, _cid, _uint
 
 __all__ = [
     "MAX_INTERESTS",
@@ -64,6 +64,7 @@ class HvJoin:
     """Take me as a neighbour and introduce me to the overlay."""
 
     T: ClassVar[str] = "hvjoin"
+    FIELDS: ClassVar[frozenset[str]] = frozenset()
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T}
@@ -80,6 +81,7 @@ class ForwardJoin:
     peer: PeerId
     ttl: int
     T: ClassVar[str] = "fwdjoin"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"peer", "ttl"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "peer": self.peer.raw, "ttl": self.ttl}
@@ -95,6 +97,7 @@ class Neighbor:
 
     high: bool
     T: ClassVar[str] = "neighbor"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"high"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "high": self.high}
@@ -110,6 +113,7 @@ class NeighborReply:
 
     accept: bool
     T: ClassVar[str] = "neighbor_reply"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"accept"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "accept": self.accept}
@@ -125,6 +129,7 @@ class Disconnect:
 
     alive: bool
     T: ClassVar[str] = "disconnect"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"alive"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "alive": self.alive}
@@ -142,6 +147,7 @@ class ViewShuffle:
     ttl: int
     peers: tuple[PeerId, ...]
     T: ClassVar[str] = "vshuffle"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"origin", "peers", "ttl"})
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -164,6 +170,7 @@ class ViewShuffleReply:
 
     peers: tuple[PeerId, ...]
     T: ClassVar[str] = "vshuffle_reply"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"peers"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "peers": [p.raw for p in self.peers]}
@@ -179,6 +186,7 @@ class Interests:
 
     topics: tuple[CID, ...]
     T: ClassVar[str] = "interests"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"topics"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topics": list(self.topics)}
@@ -196,11 +204,3 @@ MembershipMessage = (
 )
 """What :class:`pulsar.proto.membership.Membership` handles (INTERESTS goes to the core)."""
 
-register(HvJoin, set())
-register(ForwardJoin, {"peer", "ttl"})
-register(Neighbor, {"high"})
-register(NeighborReply, {"accept"})
-register(Disconnect, {"alive"})
-register(ViewShuffle, {"origin", "ttl", "peers"})
-register(ViewShuffleReply, {"peers"})
-register(Interests, {"topics"})

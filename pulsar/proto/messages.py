@@ -1,9 +1,11 @@
-"""Wire messages between pulsarcast peers, as frozen dataclasses.
+"""The tree's wire messages (JOIN, LEAVE, EVENT, REQUEST_TO_PUBLISH, PING, PONG), as
+frozen dataclasses, and the field validators every message module shares.
 
-Each message is one DAG-CBOR map with a ``t`` key naming its type; the transport frames
-it. ``docs/protocol.md`` is the normative description. Decoding uses the fast codec (links
-arrive as raw CID bytes), so every field is re-validated here: a malformed message raises
-:class:`MessageError` and the caller drops it with a log line.
+Each message is one DAG-CBOR map with a ``t`` key naming its type (``T``), the keys
+``FIELDS`` and, when set, any of ``OPTIONAL``; :mod:`pulsar.proto.wire` frames and decodes
+them. ``docs/protocol.md`` is the normative description. Decoding uses the fast codec
+(links arrive as raw CID bytes), so every field is re-validated in ``from_wire``: a
+malformed message raises :class:`MessageError` and the caller drops it with a log line.
 """
 
 from __future__ import annotations
@@ -11,22 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from dag import CID, PeerId, check_content_type, encode
-from dag.codec import decode_fast
-from dag.errors import CodecError, DagError, SchemaError
+from dag import CID, PeerId, check_content_type
+from dag.errors import DagError, SchemaError
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
     "Event",
     "Join",
     "Leave",
-    "Message",
     "MessageError",
     "Ping",
     "Pong",
     "RequestToPublish",
-    "decode_message",
-    "encode_message",
 ]
 
 MAX_MESSAGE_SIZE: Final = 1 << 20
@@ -70,6 +68,7 @@ class Join:
     topic: CID
     topic_block: bytes = b""
     T: ClassVar[str] = "join"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"block", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "block": self.topic_block}
@@ -85,6 +84,7 @@ class Leave:
 
     topic: CID
     T: ClassVar[str] = "leave"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic}
@@ -110,6 +110,8 @@ class Event:
     fragments: bool = False
     also: tuple[PeerId, ...] = ()
     T: ClassVar[str] = "event"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"block", "hop", "topic"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"also", "frags"})
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {
@@ -157,6 +159,9 @@ class RequestToPublish:
     parent: CID | None = None
     content_type: str | None = None
     T: ClassVar[str] = "rtp"
+    FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"author", "created", "link", "parent", "payload", "sig", "topic", "version"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"ct"})
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -212,6 +217,7 @@ class Ping:
 
     nonce: int
     T: ClassVar[str] = "ping"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"n"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "n": self.nonce}
@@ -225,6 +231,7 @@ class Ping:
 class Pong:
     nonce: int
     T: ClassVar[str] = "pong"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"n"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "n": self.nonce}
@@ -232,65 +239,3 @@ class Pong:
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Pong:
         return cls(_uint(m["n"], "pong.n", (1 << 63) - 1))
-
-
-Message = Join | Leave | Event | RequestToPublish | Ping | Pong
-
-_TYPES: dict[str, Any] = {}
-_FIELDS: dict[str, frozenset[str]] = {}
-_OPTIONAL: dict[str, frozenset[str]] = {}
-
-
-def register(cls: Any, fields: set[str], optional: frozenset[str] = frozenset()) -> None:
-    """Add a message type to the decoder (the repair layer registers its own).
-    ``optional`` fields may be absent; they are left out when unset, so peers that
-    predate them still read the message."""
-    _TYPES[cls.T] = cls
-    _FIELDS[cls.T] = frozenset(fields | {"t"})
-    _OPTIONAL[cls.T] = optional
-
-
-register(Join, {"topic", "block"})
-register(Leave, {"topic"})
-register(Event, {"topic", "block", "hop"}, frozenset({"frags", "also"}))
-register(
-    RequestToPublish,
-    {"topic", "version", "author", "payload", "link", "created", "sig", "parent"},
-    frozenset({"ct"}),
-)
-register(Ping, {"n"})
-register(Pong, {"n"})
-
-
-def encode_message(message: Any) -> bytes:
-    """The DAG-CBOR frame payload of ``message``."""
-    return encode(message.to_wire())
-
-
-def decode_message(frame: bytes) -> Any:
-    """Parse a frame payload; :class:`MessageError` for anything malformed."""
-    if len(frame) > MAX_MESSAGE_SIZE:
-        raise MessageError("message too large")
-    try:
-        wire = decode_fast(frame)
-    except CodecError as exc:
-        raise MessageError(f"not DAG-CBOR: {exc}") from None
-    if not isinstance(wire, dict):
-        raise MessageError("message must be a map")
-    return decode_wire(wire)
-
-
-def decode_wire(wire: dict[str, Any], kinds: frozenset[str] | None = None) -> Any:
-    """One message from its decoded map (``kinds``: the message types allowed here)."""
-    kind = wire.get("t")
-    if not isinstance(kind, str) or kind not in _TYPES or (kinds is not None and kind not in kinds):
-        raise MessageError(f"unknown message type {kind!r}"[:100])
-    keys = wire.keys()
-    if keys != _FIELDS[kind] and not (
-        _FIELDS[kind] <= keys and keys - _FIELDS[kind] <= _OPTIONAL[kind]
-    ):
-        raise MessageError(f"{kind} message has fields {sorted(wire)}"[:200])
-    try:
-        return _TYPES[kind].from_wire(wire)
-    except (KeyError, TypeError) as exc:
-        raise MessageError(f"malformed {kind} message: {exc}") from None

@@ -1,8 +1,7 @@
 """Wire messages of the backfill layer: WANT, BLOCKS and HEADS.
 
 They follow :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, exactly the
-listed keys, every field validated on decode) and register themselves with its decoder on
-import, so :func:`~pulsar.proto.messages.decode_message` knows them.
+listed keys, every field validated on decode); :mod:`pulsar.proto.wire` lists them.
 
 =========  =====================================================================  ============
 ``t``      keys                                                                   meaning
@@ -47,7 +46,7 @@ from dag.descriptors import parse_timestamp
 from dag.errors import SchemaError
 
 from .gossip_messages import parse_sample
-from .messages import MAX_MESSAGE_SIZE, MessageError, _cid, _uint, register
+from .messages import MAX_MESSAGE_SIZE, MessageError, _cid, _uint
 
 __all__ = [
     "BLOCKS_OVERHEAD",
@@ -104,6 +103,7 @@ class Want:
     have: tuple[CID, ...] = ()
     after: str | None = None
     T: ClassVar[str] = "want"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"after", "have", "head", "limit", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -147,6 +147,7 @@ class Blocks:
     head: CID
     blocks: tuple[bytes, ...]
     T: ClassVar[str] = "blocks"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"blocks", "head", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "head": self.head, "blocks": list(self.blocks)}
@@ -174,6 +175,7 @@ class Heads:
     topic: CID
     heads: tuple[CID, ...]
     T: ClassVar[str] = "heads"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"heads", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "heads": list(self.heads)}
@@ -207,6 +209,7 @@ class HeadsDigest:
     topic: CID
     digest: bytes
     T: ClassVar[str] = "digest"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"digest", "topic"})
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.T, "topic": self.topic, "digest": self.digest}
@@ -233,6 +236,8 @@ class Joined(Heads):
     peers: tuple[PeerId, ...] = ()
     up: PeerId | None = None
     T: ClassVar[str] = "joined"
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"heads", "peers", "topic"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"up"})
 
     def to_wire(self) -> dict[str, Any]:
         wire = {"t": self.T, "topic": self.topic, "heads": list(self.heads),
@@ -249,8 +254,3 @@ class Joined(Heads):
                    parse_sample(m["peers"], "joined.peers"), up)
 
 
-register(Want, {"topic", "head", "limit", "have", "after"})
-register(Blocks, {"topic", "head", "blocks"})
-register(Heads, {"topic", "heads"})
-register(HeadsDigest, {"topic", "digest"})
-register(Joined, {"topic", "heads", "peers"}, frozenset({"up"}))

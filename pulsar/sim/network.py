@@ -36,8 +36,8 @@ from dag.records import heads_record_key
 from ..proto import events as ev
 from ..proto.core import CoreConfig, PulsarCore
 from ..proto.floodsub import FloodCore
-from ..proto.messages import decode_message, encode_message
 from ..proto.repair_messages import Blocks
+from ..proto.wire import decode_message, encode_message
 from .dht import SimDht
 from .routing import IdSpace, KnownPeers, node_id
 

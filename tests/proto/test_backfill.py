@@ -38,7 +38,7 @@ from pulsar.proto.backfill import (
     Verify,
     WantTimeout,
 )
-from pulsar.proto.messages import MessageError, decode_message, encode_message
+from pulsar.proto.messages import MessageError
 from pulsar.proto.repair_messages import (
     MAX_BLOCK,
     Blocks,
@@ -49,6 +49,7 @@ from pulsar.proto.repair_messages import (
     heads_digest,
 )
 from pulsar.proto.rtt import RttTable
+from pulsar.proto.wire import decode_message, encode_message
 
 T0 = 1_700_000_000.0
 AUTHOR = Identity.from_seed(b"\x01" * 32)

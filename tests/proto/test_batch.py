@@ -11,8 +11,9 @@ from pulsar.proto import events as ev
 from pulsar.proto.batch_messages import MAX_BATCH, Batch
 from pulsar.proto.batching import coalesce
 from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
-from pulsar.proto.messages import Event, MessageError, decode_message, encode_message
+from pulsar.proto.messages import Event, MessageError
 from pulsar.proto.repair_messages import Heads, Joined
+from pulsar.proto.wire import decode_message, encode_message
 
 TOPIC = cid_of(b"\xa1atb")
 A = Identity.from_seed(b"a" * 32).peer_id

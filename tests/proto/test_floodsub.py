@@ -9,7 +9,8 @@ import pytest
 from dag import EventDescriptor, Identity, PeerId, TopicDescriptor
 from pulsar.proto import events as ev
 from pulsar.proto.floodsub import FloodCore, Greet, Subs
-from pulsar.proto.messages import Event, MessageError, decode_message, encode_message
+from pulsar.proto.messages import Event, MessageError
+from pulsar.proto.wire import decode_message, encode_message
 
 
 class AllPeers:

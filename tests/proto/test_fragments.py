@@ -13,8 +13,9 @@ from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig
 from pulsar.proto.fragment_messages import Fragment, FWant, IDontWant
 from pulsar.proto.fragments import FragmentConfig, Fragments
-from pulsar.proto.messages import MAX_ALSO, Event, decode_message, encode_message
+from pulsar.proto.messages import MAX_ALSO, Event
 from pulsar.proto.timers import FragmentStall
+from pulsar.proto.wire import decode_message, encode_message
 from pulsar.sim import SimNetwork
 
 AUTHOR = Identity.from_seed(b"a" * 32)

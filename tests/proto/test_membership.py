@@ -21,8 +21,9 @@ from pulsar.proto.membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from pulsar.proto.messages import MessageError, decode_message, encode_message
+from pulsar.proto.messages import MessageError
 from pulsar.proto.timers import MembershipTick
+from pulsar.proto.wire import decode_message, encode_message
 
 ME = Identity.from_seed(b"m" * 32).peer_id
 P = sorted((Identity.from_seed(bytes([i]) * 32).peer_id for i in range(1, 40)), key=bytes)

@@ -10,7 +10,7 @@ import pytest
 from dag import CID, Identity, cid_of
 from pulsar.proto import events as ev
 from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
-from pulsar.proto.messages import Event, MessageError, decode_message, encode_message
+from pulsar.proto.messages import Event, MessageError
 from pulsar.proto.plumtree import (
     DispatchTimer,
     GraftTimer,
@@ -18,6 +18,7 @@ from pulsar.proto.plumtree import (
     PlumtreeConfig,
     ShuffleTimer,
 )
+from pulsar.proto.wire import decode_message, encode_message
 
 from .test_core import _network, _payloads, _subscribe_all, _topic
 
