@@ -1,14 +1,38 @@
 """The node's durable state: one SQLite database file per node.
 
-DESIGN.md ("Durability") asks for one database holding the blocks, the DHT records, the
-subscriptions, the per-topic heads and the per-subscription delivery log whose local sequence
-numbers are what REST cursors, stream resume and Spark offsets refer to. This module owns that
-file and every SQL statement that touches it; the layers above see only :class:`BlockStore`.
+One database holds the blocks, the DHT records, the subscriptions, the per-topic heads and
+the per-subscription delivery log whose local sequence numbers are what REST cursors, stream
+resume and Spark offsets refer to (``docs/architecture.md``, "The store"). Each layer owns the
+code of its own tables; this module owns the file:
+
+* opening it, checking it is a pulsarcast database this build understands, WAL mode and the
+  ``synchronous`` setting, the schema version and its migrations, and the DDL of every table
+  (a schema version is the whole file's, so its tables are created and migrated together);
+* the data model's tables, ``blocks`` and ``block_keys``, and their methods on
+  :class:`BlockStore`;
+* the small interface the other owners use, :meth:`BlockStore.connection` and
+  :meth:`BlockStore.transaction`.
+
+The other owners are classes of the layers above, each made on the :class:`BlockStore` it
+works on (they import this module; it imports neither)::
+
+    dht.record_table.RecordTable          dht_records
+    pulsar.runtime.node_state.NodeState   subscriptions, heads, topic_latest, outbox,
+                                          delivery_log, log_state
+
+Why one file and not one per layer: one WAL and one ``synchronous`` policy, one schema
+version and one migration path, one file to back up or move, and statements and
+transactions that may span the tables of several owners (``NodeState.log_blocks`` reads the
+delivery log joined with ``blocks``, in one query).
 
 Tables (schema version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version``; the file is
 marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
 
     blocks        cid → data, stored_at, pinned (1: the node needs it; 0: held for the DHT)
+    block_keys    key → cid                      sha1 of each stored block's binary CID,
+                                                 the DHT key it is looked up under
+                                                 (schema 4): the node answers FIND_VALUE
+                                                 for its own blocks (``block_for_key``)
     dht_records   key → value, stored_at, republished_at
     subscriptions topic → created_at, active
     heads         (topic, event)                 the current heads of a topic's event DAG
@@ -20,10 +44,6 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     outbox        (topic, event) → published_at  this node's own published events not yet
                                                  delivered (logged) here (schema 3): a
                                                  restart announces them again
-    block_keys    key → cid                      sha1 of each stored block's binary CID,
-                                                 the DHT key it is looked up under
-                                                 (schema 4): the node answers FIND_VALUE
-                                                 for its own blocks (``block_for_key``)
 
 Crash safety. The database runs in WAL mode with ``synchronous=NORMAL`` by default. A commit
 appends its pages to the ``-wal`` file and ends with a commit frame; every frame carries a
@@ -50,10 +70,10 @@ import os
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Final, Self
 
 from .cid import CID
 from .errors import CIDMismatch
@@ -97,7 +117,11 @@ _SHA1_SQL: Final = "pulsarcast_sha1"
 """A function the connection defines (``_open``) for the schema 3 -> 4 migration only;
 nothing stored in the schema refers to it, so other SQLite clients can still write."""
 
+# The DDL of every table in the file, whoever owns it (the module docstring): the schema
+# version, creation and migrations are the file's, so they are kept in one place. An owner
+# changing its tables bumps SCHEMA_VERSION and adds a step to _MIGRATIONS here.
 _SCHEMA: Final = (
+    # -- the data model's (this module): blocks, and block_keys below ----------------------
     # A rowid table, not WITHOUT ROWID: measured on 20,000 random 300-byte blocks in 500-block
     # batches, WITHOUT ROWID put 3x slower (≈20k/s vs ≈60k/s) and got no faster (≈70k/s both);
     # with 2 kB and 16 kB blocks it was slower at both. SQLite's own advice is that WITHOUT
@@ -108,6 +132,7 @@ _SCHEMA: Final = (
         stored_at REAL NOT NULL,
         pinned    INTEGER NOT NULL DEFAULT 1 CHECK (pinned IN (0, 1))
     )""",
+    # -- the DHT's (dht.record_table) ------------------------------------------------------
     """CREATE TABLE dht_records (
         key            BLOB PRIMARY KEY,
         value          BLOB NOT NULL,
@@ -118,6 +143,7 @@ _SCHEMA: Final = (
     # proportional to what they return, not to the table.
     "CREATE INDEX dht_records_stored_at ON dht_records (stored_at)",
     "CREATE INDEX dht_records_republished_at ON dht_records (republished_at)",
+    # -- the node runtime's (pulsar.runtime.node_state), up to the outbox -----------------
     """CREATE TABLE subscriptions (
         topic      BLOB PRIMARY KEY,
         created_at REAL NOT NULL,
@@ -184,16 +210,18 @@ class StoreError(RuntimeError):
 
 class _CorruptionGuard:
     """Turns SQLite's "corrupt" and "not a database" errors into :class:`StoreError` naming
-    the file. A reusable object rather than a ``@contextmanager`` because it wraps every read
-    on the hot path, and ``__enter__``/``__exit__`` on a plain object cost far less."""
+    the file; entering it gives the connection (:meth:`BlockStore.connection`). A reusable
+    object rather than a ``@contextmanager`` because it wraps every read on the hot path, and
+    ``__enter__``/``__exit__`` on a plain object cost far less."""
 
-    __slots__ = ("_path",)
+    __slots__ = ("_conn", "_path")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._conn = conn
         self._path = path
 
-    def __enter__(self) -> None:
-        return None
+    def __enter__(self) -> sqlite3.Connection:
+        return self._conn
 
     def __exit__(
         self,
@@ -208,7 +236,11 @@ class _CorruptionGuard:
 
 
 class BlockStore:
-    """Durable blocks, DHT records, subscriptions, heads and delivery log of one node.
+    """The database file of one node, and the blocks in it.
+
+    The file also holds the tables of the layers above (the DHT's records, the node
+    runtime's subscriptions, heads and delivery log); their owners work on them through
+    :meth:`connection` and :meth:`transaction` (see the module docstring for who owns what).
 
     Every block is checked against its CID before it is written, so the store never holds a
     block that does not hash to its key. Multi-row writes are single transactions: after a
@@ -219,9 +251,10 @@ class BlockStore:
     out of SQLite; memory is bounded by ``cache_size`` times the largest block, whatever the
     size of the database. Iterators page through the tables, so they too stay bounded.
 
-    Not thread-safe: the node uses it from its one asyncio thread. The connection is opened
-    with ``check_same_thread=False`` only so that the runtime may hand the whole store to a
-    single worker thread (e.g. a one-thread executor); two threads must never use it at once.
+    Not thread-safe, and neither are the owners working through it: the node uses it from
+    its one asyncio thread. The connection is opened with ``check_same_thread=False`` only
+    so that the runtime may hand the whole store to a single worker thread (e.g. a
+    one-thread executor); two threads must never use it at once.
 
     ``path`` may be ``":memory:"`` for tests of other layers (no durability, no WAL).
     """
@@ -243,13 +276,13 @@ class BlockStore:
         self._path = os.fspath(path)
         self._cache_size = cache_size
         self._cache: OrderedDict[CID, bytes] = OrderedDict()
-        self._guard = _CorruptionGuard(self._path)
         in_memory = self._path == ":memory:"
         if not in_memory:
             _check_file_header(self._path)
         self._conn = sqlite3.connect(
             self._path, isolation_level=None, check_same_thread=False
         )  # isolation_level=None: autocommit; every multi-statement write says BEGIN itself
+        self._guard = _CorruptionGuard(self._conn, self._path)
         try:
             with self._guard:
                 self._open(sync, in_memory)
@@ -337,6 +370,46 @@ class BlockStore:
             if conn.in_transaction:  # SQLite rolls back by itself on some errors
                 conn.execute("ROLLBACK")
             raise
+
+    # -- the file, for the owners of the other tables ---------------------------------------
+
+    def connection(self) -> AbstractContextManager[sqlite3.Connection]:
+        """The connection, for statements outside :meth:`transaction`::
+
+            with store.connection() as conn:
+                row = conn.execute("SELECT ...", params).fetchone()
+
+        The layers that own tables in this file (the module docstring lists them) run their
+        SQL through here rather than opening connections of their own: one connection per
+        file keeps every write of the node in one sequence of transactions (a second one
+        would contend with this one for the file's write lock), and a ``":memory:"`` store
+        is reachable only through its own connection.
+
+        The connection is in autocommit mode: each statement is its own transaction. SQLite's
+        "corrupt" and "not a database" errors raised inside the ``with`` become
+        :class:`StoreError` naming the file, as in this class's own methods; fetch the rows
+        inside it, since a corrupt page may be met only while stepping through them. The
+        object returned is the same each time (no generator made per call): it wraps reads
+        on hot paths, a DHT ``get`` or a delivery-log page.
+        """
+        return self._guard
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on the connection, for writes of more than one statement::
+
+            with store.transaction() as conn:
+                conn.execute(...)
+                conn.executemany(...)
+
+        Committed if the block finishes, rolled back if it raises: after a crash the writes
+        are all present or all absent. ``BEGIN IMMEDIATE`` takes the write lock up front, so
+        it never fails half-way because another connection started writing first. It may
+        touch the tables of any owner: they are in one file, under one WAL. Errors are
+        translated as in :meth:`connection`. Not reentrant (SQLite has no nested ``BEGIN``).
+        """
+        with self._guard, self._transaction() as conn:
+            yield conn
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -546,375 +619,6 @@ class BlockStore:
         cache.move_to_end(cid)
         if len(cache) > self._cache_size:
             cache.popitem(last=False)
-
-    # -- DHT records ----------------------------------------------------------------------
-
-    def dht_put(self, key: bytes, value: bytes, now: float) -> None:
-        """Store or overwrite a DHT record. Both ``stored_at`` and ``republished_at`` become
-        ``now``: a record just stored here was just stored on the other closest nodes too, so
-        it needs no republishing for another interval (the Kademlia paper's optimisation), and
-        its expiry counts from the latest store."""
-        with self._guard:
-            self._conn.execute(
-                "INSERT INTO dht_records (key, value, stored_at, republished_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                "stored_at = excluded.stored_at, republished_at = excluded.republished_at",
-                (bytes(key), bytes(value), now, now),
-            )
-
-    def dht_put_many(self, items: Iterable[tuple[bytes, bytes]], now: float) -> None:
-        """:meth:`dht_put` for many records in one transaction: a commit costs ~185 us on
-        disk here, which would cap a node at a few thousand received STOREs per second."""
-        rows = [(bytes(k), bytes(v), now, now) for k, v in items]
-        if not rows:
-            return
-        with self._guard, self._transaction() as conn:
-            conn.executemany(
-                "INSERT INTO dht_records (key, value, stored_at, republished_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
-                "stored_at = excluded.stored_at, republished_at = excluded.republished_at",
-                rows,
-            )
-
-    def dht_get(self, key: bytes) -> bytes | None:
-        """The value of a DHT record, or None."""
-        with self._guard:
-            row = self._conn.execute(
-                "SELECT value FROM dht_records WHERE key = ?", (bytes(key),)
-            ).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def dht_held(self, keys: Iterable[bytes]) -> set[bytes]:
-        """Those of ``keys`` under which a DHT record is stored, without reading the
-        values (one query per 500 keys)."""
-        wanted = list(dict.fromkeys(bytes(k) for k in keys))
-        held: set[bytes] = set()
-        for start in range(0, len(wanted), _IN_CHUNK):
-            chunk = wanted[start : start + _IN_CHUNK]
-            marks = ",".join("?" * len(chunk))
-            with self._guard:
-                rows = self._conn.execute(
-                    f"SELECT key FROM dht_records WHERE key IN ({marks})", chunk
-                ).fetchall()
-            held.update(bytes(k) for (k,) in rows)
-        return held
-
-    def dht_items_older_than(self, cutoff: float) -> list[tuple[bytes, bytes]]:
-        """``(key, value)`` of the records last republished before ``cutoff``, oldest first:
-        the ones due for republishing."""
-        with self._guard:
-            rows = self._conn.execute(
-                "SELECT key, value FROM dht_records WHERE republished_at < ? "
-                "ORDER BY republished_at",
-                (cutoff,),
-            ).fetchall()
-        return [(bytes(k), bytes(v)) for k, v in rows]
-
-    def dht_mark_republished(self, keys: Iterable[bytes], now: float) -> None:
-        """Record that ``keys`` were republished at ``now`` (one transaction). Keys that are
-        not stored are ignored."""
-        params = [(now, bytes(key)) for key in keys]
-        if not params:
-            return
-        with self._guard, self._transaction() as conn:
-            conn.executemany("UPDATE dht_records SET republished_at = ? WHERE key = ?", params)
-
-    def dht_expire(self, cutoff: float) -> int:
-        """Delete the records stored before ``cutoff``; returns how many."""
-        with self._guard:
-            cursor = self._conn.execute("DELETE FROM dht_records WHERE stored_at < ?", (cutoff,))
-        return int(cursor.rowcount)
-
-    def dht_iter(self) -> Iterator[tuple[bytes, bytes, float]]:
-        """Every record as ``(key, value, stored_at)``, in key order, paged like
-        :meth:`iter_cids`."""
-        last = b""
-        first = True
-        while True:
-            with self._guard:
-                rows = self._conn.execute(
-                    "SELECT key, value, stored_at FROM dht_records "
-                    + ("" if first else "WHERE key > ? ")
-                    + "ORDER BY key LIMIT ?",
-                    (_PAGE,) if first else (last, _PAGE),
-                ).fetchall()
-            for key, value, stored_at in rows:
-                yield bytes(key), bytes(value), float(stored_at)
-            if len(rows) < _PAGE:
-                return
-            last, first = rows[-1][0], False
-
-    def dht_len(self) -> int:
-        """How many DHT records are stored."""
-        with self._guard:
-            return int(self._conn.execute("SELECT count(*) FROM dht_records").fetchone()[0])
-
-    def dht_bytes(self) -> int:
-        """Total size of the stored DHT record values (SQLite reads blob sizes from the row
-        headers, without loading the values)."""
-        with self._guard:
-            row = self._conn.execute("SELECT total(length(value)) FROM dht_records").fetchone()
-        return int(row[0])
-
-    # -- subscriptions --------------------------------------------------------------------
-
-    def add_subscription(self, topic: CID, now: float) -> bool:
-        """Mark ``topic`` subscribed; True if it was not already active. Re-subscribing after
-        :meth:`remove_subscription` resets ``created_at`` and keeps the old delivery log, so
-        sequence numbers carry on where they stopped."""
-        with self._guard:
-            return (
-                self._conn.execute(
-                    "INSERT INTO subscriptions (topic, created_at, active) VALUES (?, ?, 1) "
-                    "ON CONFLICT (topic) DO UPDATE SET active = 1, "
-                    "created_at = excluded.created_at WHERE active = 0",
-                    (topic.raw, now),
-                ).rowcount
-                == 1
-            )
-
-    def remove_subscription(self, topic: CID) -> bool:
-        """Mark ``topic`` unsubscribed; True if it was active. The row, heads and delivery log
-        are kept, so cursors handed out earlier stay meaningful."""
-        with self._guard:
-            return (
-                self._conn.execute(
-                    "UPDATE subscriptions SET active = 0 WHERE topic = ? AND active = 1",
-                    (topic.raw,),
-                ).rowcount
-                == 1
-            )
-
-    def subscription_since(self, topic: CID) -> float | None:
-        """When the active subscription to ``topic`` began (None if there is none)."""
-        with self._guard:
-            row = self._conn.execute(
-                "SELECT created_at FROM subscriptions WHERE topic = ? AND active = 1",
-                (topic.raw,),
-            ).fetchone()
-        return None if row is None else float(row[0])
-
-    def subscriptions(self) -> list[CID]:
-        """The active subscriptions, oldest first."""
-        with self._guard:
-            rows = self._conn.execute(
-                "SELECT topic FROM subscriptions WHERE active = 1 ORDER BY created_at, topic"
-            ).fetchall()
-        return [CID.parse(bytes(raw)) for (raw,) in rows]
-
-    # -- heads ----------------------------------------------------------------------------
-
-    def set_heads(self, topic: CID, events: Iterable[CID]) -> None:
-        """Replace the heads of ``topic`` with ``events``, atomically: a reader (or a restart)
-        sees the old set or the new one, never a mixture."""
-        rows = [(topic.raw, event.raw) for event in events]
-        with self._guard, self._transaction() as conn:
-            conn.execute("DELETE FROM heads WHERE topic = ?", (topic.raw,))
-            conn.executemany("INSERT OR IGNORE INTO heads (topic, event) VALUES (?, ?)", rows)
-
-    def heads(self, topic: CID) -> list[CID]:
-        """The heads of ``topic``, in binary CID order (deterministic); empty if none."""
-        with self._guard:
-            rows = self._conn.execute(
-                "SELECT event FROM heads WHERE topic = ? ORDER BY event", (topic.raw,)
-            ).fetchall()
-        return [CID.parse(bytes(raw)) for (raw,) in rows]
-
-    # -- topic versions -------------------------------------------------------------------
-
-    def set_latest_version(self, topic: CID, version: CID) -> None:
-        """Remember ``version`` as the latest known version of the topic ``topic`` (its
-        first version's CID); the version's block is stored (pinned) by the caller."""
-        with self._guard, self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO topic_latest (topic, version) VALUES (?, ?) "
-                "ON CONFLICT (topic) DO UPDATE SET version = excluded.version",
-                (topic.raw, version.raw),
-            )
-
-    def latest_version(self, topic: CID) -> CID | None:
-        """The latest version of ``topic`` remembered by :meth:`set_latest_version`."""
-        with self._guard:
-            row = self._conn.execute(
-                "SELECT version FROM topic_latest WHERE topic = ?", (topic.raw,)
-            ).fetchone()
-        return None if row is None else CID.parse(bytes(row[0]))
-
-    # -- outbox ---------------------------------------------------------------------------
-
-    def outbox_add(self, items: Iterable[tuple[CID, CID]], now: float) -> None:
-        """Remember ``(topic, event)`` pairs this node published, in one transaction; the
-        caller acknowledges the publishes only after this returns."""
-        rows = [(topic.raw, event.raw, now) for topic, event in items]
-        if not rows:
-            return
-        with self._guard, self._transaction() as conn:
-            conn.executemany(
-                "INSERT OR IGNORE INTO outbox (topic, event, published_at) VALUES (?, ?, ?)",
-                rows,
-            )
-
-    def outbox_remove(self, topic: CID, events: Iterable[CID]) -> None:
-        """Forget published events of ``topic`` that no longer need announcing."""
-        rows = [(topic.raw, event.raw) for event in events]
-        if not rows:
-            return
-        with self._guard, self._transaction() as conn:
-            conn.executemany("DELETE FROM outbox WHERE topic = ? AND event = ?", rows)
-
-    def outbox(self) -> dict[CID, list[CID]]:
-        """Every topic's outbox, oldest publish first."""
-        with self._guard:
-            rows = self._conn.execute(
-                "SELECT topic, event FROM outbox ORDER BY published_at, topic, event"
-            ).fetchall()
-        out: dict[CID, list[CID]] = {}
-        for topic, event in rows:
-            out.setdefault(CID.parse(bytes(topic)), []).append(CID.parse(bytes(event)))
-        return out
-
-    # -- delivery log ---------------------------------------------------------------------
-
-    def log_append(self, topic: CID, events: Sequence[CID], now: float) -> list[int]:
-        """Append ``events`` (in delivery order) to the log of ``topic``, in one transaction,
-        and return the sequence numbers given to the new ones.
-
-        Events already in the log are skipped, so a redelivery after a restart is not seen
-        twice. Numbers start at 1 and only grow; the high-water mark is kept apart from the
-        entries, so a number is never reused, even after :meth:`log_prune`. ``delivered_at``
-        never goes backwards within a topic (a clock stepped back records the previous time
-        again), which keeps :meth:`log_seq_at_time` well defined.
-        """
-        if not events:
-            return []
-        t = topic.raw
-        assigned: list[int] = []
-        with self._guard, self._transaction() as conn:
-            row = conn.execute(
-                "SELECT last_seq, last_at FROM log_state WHERE topic = ?", (t,)
-            ).fetchone()
-            last_seq, at = (0, now) if row is None else (int(row[0]), max(now, float(row[1])))
-            for event in events:
-                e = event.raw
-                if conn.execute(
-                    "SELECT 1 FROM delivery_log WHERE topic = ? AND event = ?", (t, e)
-                ).fetchone():
-                    continue
-                last_seq += 1
-                conn.execute(
-                    "INSERT INTO delivery_log (topic, seq, event, delivered_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    (t, last_seq, e, at),
-                )
-                assigned.append(last_seq)
-            if assigned:
-                conn.execute(
-                    "INSERT INTO log_state (topic, last_seq, last_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (topic) DO UPDATE SET last_seq = excluded.last_seq, "
-                    "last_at = excluded.last_at",
-                    (t, last_seq, at),
-                )
-        return assigned
-
-    def log_range(
-        self,
-        topic: CID,
-        after_seq: int = 0,
-        limit: int | None = None,
-        *,
-        descending: bool = False,
-        before_seq: int | None = None,
-    ) -> list[tuple[int, CID, float]]:
-        """Log entries ``(seq, event, delivered_at)`` with ``after_seq < seq < before_seq``,
-        ascending (or descending), at most ``limit`` of them.
-
-        Paging forward: pass the last seq seen as ``after_seq``. Paging backward from the
-        newest: ``descending=True`` and the smallest seq seen as ``before_seq``.
-        """
-        rows = self._log_query("SELECT seq, event, delivered_at FROM delivery_log", topic,
-                               after_seq, limit, descending, before_seq)
-        return [(int(seq), CID.parse(bytes(raw)), float(at)) for seq, raw, at in rows]
-
-    def log_blocks(
-        self,
-        topic: CID,
-        after_seq: int = 0,
-        limit: int | None = None,
-        *,
-        descending: bool = False,
-        before_seq: int | None = None,
-    ) -> list[tuple[int, CID, float, bytes | None]]:
-        """Like :meth:`log_range`, each entry with its event's block (None if the block
-        is gone): one query per page instead of one per event, for replay."""
-        rows = self._log_query(
-            "SELECT l.seq, l.event, l.delivered_at, b.data FROM delivery_log AS l "
-            "LEFT JOIN blocks AS b ON b.cid = l.event", topic, after_seq, limit, descending,
-            before_seq, prefix="l.")
-        return [
-            (int(seq), CID.parse(bytes(raw)), float(at), None if data is None else bytes(data))
-            for seq, raw, at, data in rows
-        ]
-
-    def _log_query(self, select: str, topic: CID, after_seq: int, limit: int | None,
-                   descending: bool, before_seq: int | None, prefix: str = "") -> list[Any]:
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        sql = f"{select} WHERE {prefix}topic = ? AND {prefix}seq > ?"
-        params: list[object] = [topic.raw, after_seq]
-        if before_seq is not None:
-            sql += f" AND {prefix}seq < ?"
-            params.append(before_seq)
-        order = "DESC" if descending else "ASC"
-        sql += f" ORDER BY {prefix}seq {order} LIMIT ?"
-        params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
-        with self._guard:
-            return self._conn.execute(sql, params).fetchall()
-
-    def log_last_seq(self, topic: CID) -> int:
-        """The highest sequence number ever given in the log of ``topic``; 0 if none."""
-        with self._guard:
-            row = self._conn.execute(
-                "SELECT last_seq FROM log_state WHERE topic = ?", (topic.raw,)
-            ).fetchone()
-        return 0 if row is None else int(row[0])
-
-    def log_seq_of(self, topic: CID, event: CID) -> int | None:
-        """The sequence number of ``event`` in the log of ``topic``, or None."""
-        with self._guard:
-            row = self._conn.execute(
-                "SELECT seq FROM delivery_log WHERE topic = ? AND event = ?",
-                (topic.raw, event.raw),
-            ).fetchone()
-        return None if row is None else int(row[0])
-
-    def log_contains(self, topic: CID, event: CID) -> bool:
-        """Whether ``event`` is in the log of ``topic``."""
-        return self.log_seq_of(topic, event) is not None
-
-    def log_seq_at_time(self, topic: CID, ts: float) -> int:
-        """The last sequence number delivered strictly before ``ts``; 0 if none. Reading the
-        log after it yields exactly what was delivered at or after ``ts`` (a time-based
-        cursor, e.g. a Spark starting offset). Entries removed by :meth:`log_prune` are
-        forgotten, so for a time before every remaining entry the answer is 0."""
-        with self._guard:
-            row = self._conn.execute(
-                "SELECT seq FROM delivery_log WHERE topic = ? AND delivered_at < ? "
-                "ORDER BY delivered_at DESC, seq DESC LIMIT 1",
-                (topic.raw, ts),
-            ).fetchone()
-        return 0 if row is None else int(row[0])
-
-    def log_prune(self, topic: CID, through_seq: int) -> int:
-        """Delete the entries of ``topic`` with ``seq <= through_seq`` (a retention policy's
-        tool); returns how many. The high-water mark stays, so new entries still get numbers
-        above every number handed out before."""
-        with self._guard:
-            return int(
-                self._conn.execute(
-                    "DELETE FROM delivery_log WHERE topic = ? AND seq <= ?",
-                    (topic.raw, through_seq),
-                ).rowcount
-            )
 
 
 def _sha1(data: bytes) -> bytes:

@@ -2,8 +2,9 @@
 
 The package's ``ForgetfulStorage`` keeps records in a dict, stamps them with
 ``time.monotonic()`` (meaningless after a restart) and drops them a week after they were
-*first* stored. Here records live in the ``dht_records`` table of :class:`dag.store.BlockStore`
-with wall-clock ``stored_at`` / ``republished_at`` stamps, so a restarted node still holds and
+*first* stored. Here records live in the ``dht_records`` table of the node's database file
+(:class:`dag.store.BlockStore`; the SQL is :class:`dht.record_table.RecordTable`'s) with
+wall-clock ``stored_at`` / ``republished_at`` stamps, so a restarted node still holds and
 serves what it held, and ``dht.maintenance`` can republish and expire them properly.
 
 Every write is verified first (:func:`dht.keys.record_matches`): a value is accepted only if it
@@ -40,6 +41,7 @@ from kademlia.storage import IStorage
 from dag.store import BlockStore
 
 from .keys import MAX_BLOCK_SIZE, record_matches, record_replaces
+from .record_table import RecordTable
 from .stats import DhtStats
 
 __all__ = ["RecordStorage"]
@@ -58,13 +60,14 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def __init__(self, store: BlockStore, *, max_records: int, stats: DhtStats,
                  commit_delay: float = 0.0, commit_batch: int = 256,
                  clock: Callable[[], float] = time.time) -> None:
-        self._store = store
+        self._store = store  # the node's own blocks (local_block, own_keys)
+        self._table = RecordTable(store)  # the records held for the network
         self._max_records = max_records
         self._stats = stats
         self._commit_delay = commit_delay
         self._commit_batch = commit_batch
         self._clock = clock
-        self._approx_count = store.dht_len()
+        self._approx_count = self._table.count()
         self._queued: list[tuple[bytes, bytes]] = []
         self._waiters: list[tuple[asyncio.Future[list[bool]], list[bool]]] = []
         self._commit_timer: asyncio.TimerHandle | None = None
@@ -156,7 +159,7 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def _write(self, rows: list[tuple[bytes, bytes]], now: float) -> None:
         if not rows:
             return
-        self._store.dht_put_many(rows, now)  # one transaction
+        self._table.put_many(rows, now)  # one transaction
 
     def touch(self, key: bytes, value: bytes, now: float) -> None:
         """Restamp a record we keep holding (``stored_at`` and ``republished_at`` = now)."""
@@ -171,15 +174,15 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def _has_room(self, key: bytes) -> bool:
         if self._approx_count < self._max_records:
             return True
-        self._approx_count = self._store.dht_len() + len(self._queued)
+        self._approx_count = self._table.count() + len(self._queued)
         if self._approx_count < self._max_records:
             return True
-        return self._store.dht_get(key) is not None  # refreshing a held key is always fine
+        return self._table.get(key) is not None  # refreshing a held key is always fine
 
     # -- reads ---------------------------------------------------------------------------
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        value = self._store.dht_get(key)
+        value = self._table.get(key)
         return default if value is None else value
 
     def local_block(self, key: bytes) -> bytes | None:
@@ -197,7 +200,7 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
         but not counted here: a copy only the nodes that delivered it keep is not
         maintained at the key's closest nodes (see ``Maintainer.audit``)."""
         keys = list(keys)
-        held = self._store.dht_held(keys)
+        held = self._table.held(keys)
         if self._queued:
             queued = {k for k, _ in self._queued}
             held.update(k for k in keys if k in queued)
@@ -209,25 +212,25 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
         return self._store.pinned_keys(after, limit)
 
     def __getitem__(self, key: bytes) -> bytes:
-        value = self._store.dht_get(key)
+        value = self._table.get(key)
         if value is None:
             raise KeyError(key)
         return value
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, bytes) and self._store.dht_get(key) is not None
+        return isinstance(key, bytes) and self._table.get(key) is not None
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         """Every ``(key, value)``, paged through the database (bounded memory)."""
-        for key, value, _ in self._store.dht_iter():
+        for key, value, _ in self._table.iter_records():
             yield key, value
 
     def __len__(self) -> int:
-        return self._store.dht_len()
+        return self._table.count()
 
     def stored_bytes(self) -> int:
         """Total size of the values held (what ``dht.quota`` caps)."""
-        return self._store.dht_bytes()
+        return self._table.total_bytes()
 
     def __bool__(self) -> bool:
         return True  # an empty storage is still a storage (Server.__init__ tests truthiness)
@@ -243,16 +246,16 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
                           ) -> list[tuple[bytes, bytes]]:
         """Records not republished (nor stored here by anyone) since ``cutoff``, oldest
         first."""
-        due = self._store.dht_items_older_than(cutoff)
+        due = self._table.items_older_than(cutoff)
         return due if limit is None else due[:limit]
 
     def mark_republished(self, keys: Iterable[bytes], now: float) -> None:
-        self._store.dht_mark_republished(keys, now)
+        self._table.mark_republished(keys, now)
 
     def expire(self, cutoff: float) -> int:
         """Drop records nobody stored here since ``cutoff``; returns how many."""
-        dropped = self._store.dht_expire(cutoff)
+        dropped = self._table.expire(cutoff)
         if dropped:
-            self._approx_count = self._store.dht_len()
+            self._approx_count = self._table.count()
             log.info("expired %d DHT records", dropped)
         return dropped

@@ -48,6 +48,7 @@ from .proto.floodsub import FloodCore
 from .proto.messages import MessageError
 from .proto.timers import Timer
 from .proto.wire import Message, decode_message, encode_message
+from .runtime.node_state import NodeState
 from .runtime.peer_faults import PeerFaults
 from .runtime.replay import replay_history
 from .runtime.routing import DhtRouting
@@ -135,6 +136,10 @@ class Node:
         self.config = config
         self.identity = identity
         self.store = store
+        """The node's database file and its blocks (``dag.store``)."""
+        self.state = NodeState(store)
+        """This node's tables in that file: subscriptions, heads, topic versions, outbox
+        and delivery log (``pulsar.runtime.node_state``)."""
         self.dht = dht
         self.transport = transport
         self._routing = routing
@@ -147,7 +152,7 @@ class Node:
                 routing,
                 config.core,
                 lookup=self._local_block,
-                is_delivered=store.log_contains,
+                is_delivered=self.state.log_contains,
             )
         self._trace = config.tracer
         self._loop = asyncio.get_running_loop()
@@ -164,7 +169,7 @@ class Node:
         """Publishes (and new topics) done in the core but not acknowledged yet: their
         futures are resolved by ``_flush`` once what they wrote is committed."""
         self._outbox: dict[CID, dict[CID, None]] = {
-            topic: dict.fromkeys(events) for topic, events in store.outbox().items()
+            topic: dict.fromkeys(events) for topic, events in self.state.outbox().items()
         }
         """This node's published events not delivered here yet, per tree, as in the store's
         outbox (newest last, at most ``OUTBOX_PER_TOPIC`` per tree)."""
@@ -220,7 +225,7 @@ class Node:
                     node._spawn(node._retry_bootstrap())
             # Enter the membership overlay (its tick retries while no contact is known).
             node._apply(node.core.handle(ev.Start(), time.time()))
-            node._to_resume = dict.fromkeys([*store.subscriptions(), *node._outbox])
+            node._to_resume = dict.fromkeys([*node.state.subscriptions(), *node._outbox])
             if node._to_resume:
                 node._spawn(node._resume_all())
             return node
@@ -379,7 +384,7 @@ class Node:
                 tuple((subtopics or {}).items()),
             ),
         )
-        self.store.add_subscription(topic.cid, time.time())
+        self.state.add_subscription(topic.cid, time.time())
         return topic
 
     async def get_topic(self, cid: CID) -> TopicDescriptor:
@@ -483,7 +488,7 @@ class Node:
         first, later = await self._lineage(topic_cid)
         sub = Subscription(first.cid)
         self._subscriptions.setdefault(first.cid, []).append(sub)
-        self.store.add_subscription(first.cid, time.time())
+        self.state.add_subscription(first.cid, time.time())
         await self._join(first, deliver=True, since=0.0 if replay else None, versions=later)
         return sub
 
@@ -560,7 +565,7 @@ class Node:
         block again was most of the cost of serving a history (profiled), and the reader
         has to check what it receives anyway."""
         self._flush()
-        return self.store.log_blocks(
+        return self.state.log_blocks(
             topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
         )
 
@@ -572,7 +577,7 @@ class Node:
     def last_position(self, topic_cid: CID) -> int:
         """The newest position of the delivery log of ``topic_cid`` (0 if empty)."""
         self._flush()
-        return self.store.log_last_seq(topic_cid)
+        return self.state.log_last_seq(topic_cid)
 
     async def wait_for_log(self, topic_cid: CID, after: int, timeout: float) -> bool:
         """Wait until the log of ``topic_cid`` holds a position beyond ``after``; False on
@@ -593,7 +598,7 @@ class Node:
 
     def subscribed(self) -> list[CID]:
         """The topics this node is subscribed to (durably), oldest subscription first."""
-        return self.store.subscriptions()
+        return self.state.subscriptions()
 
     def _log_position(
         self, topic: CID, value: CID | int | float | None, default: int | None
@@ -601,7 +606,7 @@ class Node:
         if value is None:
             return default
         if isinstance(value, CID):
-            seq = self.store.log_seq_of(topic, value)
+            seq = self.state.log_seq_of(topic, value)
             if seq is None:
                 raise KeyError(f"event {value} is not in this node's log of {topic}")
             return seq
@@ -609,7 +614,7 @@ class Node:
             raise TypeError("since/until must be a CID, a sequence number or a timestamp")
         if isinstance(value, int):
             return value
-        return self.store.log_seq_at_time(topic, float(value))
+        return self.state.log_seq_at_time(topic, float(value))
 
     async def unsubscribe(self, topic_cid: CID) -> None:
         """Leave the tree cleanly (children route around us) and end the iterators."""
@@ -619,7 +624,7 @@ class Node:
         grew = self._log_grew.get(topic_cid)
         if grew is not None:
             grew.set()  # live streams of this topic see the end
-        self.store.remove_subscription(topic_cid)
+        self.state.remove_subscription(topic_cid)
         self._apply(self.core.handle(ev.Unsubscribe(topic_cid), time.time()))
 
     async def _join(
@@ -667,7 +672,7 @@ class Node:
             log.warning("subscribed topic %s is no longer available", topic_cid)
             return
         versions: list[TopicDescriptor] = []
-        cursor = self.store.latest_version(topic_cid)
+        cursor = self.state.latest_version(topic_cid)
         while cursor is not None and cursor != topic_cid and len(versions) < 64:
             block = self.store.get(cursor)
             if block is None:
@@ -678,8 +683,8 @@ class Node:
                 break
             versions.append(version)
             cursor = version.parent
-        since = self.store.subscription_since(topic_cid)
-        heads = tuple(self.store.heads(topic_cid))
+        since = self.state.subscription_since(topic_cid)
+        heads = tuple(self.state.heads(topic_cid))
         await self._join(
             topic,
             deliver=since is not None,
@@ -910,7 +915,7 @@ class Node:
                 case ev.VersionAdopted():
                     self._store_block(out.version.cid, out.version.block)
                     self._flush()
-                    self.store.set_latest_version(out.topic, out.version.cid)
+                    self.state.set_latest_version(out.topic, out.version.cid)
                 case ev.KeepPublished():
                     self._pending_kept.append((out.topic, out.event))
                     self._schedule_flush()
@@ -1058,9 +1063,9 @@ class Node:
             now = time.time()
             for topic, cids in pending.items():
                 try:
-                    self.store.log_append(topic, cids, now)
+                    self.state.log_append(topic, cids, now)
                     # The heads let a restarted node ask only for what it missed.
-                    self.store.set_heads(topic, self.core.heads(topic))
+                    self.state.set_heads(topic, self.core.heads(topic))
                 except Exception as exc:
                     log.error("could not log %d deliveries (kept, retried): %s", len(cids), exc)
                     failure = exc
@@ -1114,9 +1119,9 @@ class Node:
                 oldest = next(iter(box))
                 del box[oldest]
                 dropped.setdefault(topic, []).append(oldest)
-        self.store.outbox_add(rows, time.time())
+        self.state.outbox_add(rows, time.time())
         for topic, events in dropped.items():
-            self.store.outbox_remove(topic, events)
+            self.state.outbox_remove(topic, events)
 
     def _outbox_delivered(self, topic: CID, cids: list[CID]) -> None:
         box = self._outbox.get(topic)
@@ -1128,7 +1133,7 @@ class Node:
                 del box[cid]
             if not box:
                 del self._outbox[topic]
-            self.store.outbox_remove(topic, done)
+            self.state.outbox_remove(topic, done)
 
     def _set_timer(self, delay: float, timer: Timer) -> None:
         def fire() -> None:

@@ -35,6 +35,8 @@ from typing import Any
 from dag import CID
 from dag.store import BlockStore
 
+from ..runtime.node_state import NodeState
+
 __all__ = ["DELIVERY_LOGS", "FORMAT", "DeliveryLogs", "load_delivery_logs", "read_node_log",
            "write_delivery_logs"]
 
@@ -58,9 +60,10 @@ def read_node_log(data_dir: Path, topics: Iterable[str],
         return None
     try:
         with BlockStore(path, cache_size=0) as store:
+            state = NodeState(store)
             entries = {}
             for topic in topics:
-                events = [str(event) for _, event, at in store.log_range(CID.parse(topic))
+                events = [str(event) for _, event, at in state.log_range(CID.parse(topic))
                           if at <= until]
                 if events:
                     entries[topic] = events

@@ -223,7 +223,7 @@ async def _fill(node: Node, name: str, count: int, size: int) -> CID:
         events.append(event)
         parent = event.cid
     node.store.put_many([(e.cid, e.block) for e in events])
-    node.store.log_append(topic.cid, [e.cid for e in events], time.time())
+    node.state.log_append(topic.cid, [e.cid for e in events], time.time())
     return topic.cid
 
 

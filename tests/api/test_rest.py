@@ -236,7 +236,7 @@ async def test_ndjson_history_of_ten_thousand_events(apis: list[Api]) -> None:
         events.append(event)
         parent = event.cid
     api.node.store.put_many([(e.cid, e.block) for e in events])
-    api.node.store.log_append(cid, [e.cid for e in events], time.time())
+    api.node.state.log_append(cid, [e.cid for e in events], time.time())
     lines = []
     async with api.http.get(f"{api.url}/v1/topics/{cid}/events?format=ndjson") as r:
         assert r.status == 200

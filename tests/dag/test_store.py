@@ -153,22 +153,14 @@ def test_cache_never_serves_deleted_blocks(db: Path) -> None:
 # -- persistence ----------------------------------------------------------------------------
 
 
-def test_reopen_keeps_everything(db: Path) -> None:
+def test_reopen_keeps_the_blocks(db: Path) -> None:
+    # With the other owners' tables: tests/runtime/test_node_state.py.
     items = [block(i) for i in range(50)]
-    t, h = topic(1), [block(200)[0], block(201)[0]]
     with BlockStore(db) as store:
         store.put_many(items)
-        store.dht_put(b"k", b"v", now=5.0)
-        store.add_subscription(t, now=1.0)
-        store.set_heads(t, h)
-        store.log_append(t, h, now=2.0)
     assert not os.path.exists(f"{db}-wal")  # a clean close checkpoints the WAL away
     with BlockStore(db, synchronous="FULL") as store:
         assert store.get_many(c for c, _ in items) == dict(items)
-        assert list(store.dht_iter()) == [(b"k", b"v", 5.0)]
-        assert store.subscriptions() == [t]
-        assert store.heads(t) == sorted(h, key=bytes)
-        assert [(s, e) for s, e, _ in store.log_range(t)] == [(1, h[0]), (2, h[1])]
     assert sql(db, "PRAGMA journal_mode") == [("wal",)]
     assert sql(db, "PRAGMA application_id") == [(APPLICATION_ID,)]
     assert sql(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
@@ -200,6 +192,43 @@ def test_close_twice_and_use_after_close(db: Path) -> None:
     store.close()
     with pytest.raises(sqlite3.ProgrammingError):
         store.get(cid)  # the cache was dropped too: nothing is served from a closed store
+
+
+# -- the interface of the other tables' owners ---------------------------------------------
+
+
+def test_owners_statements_commit_at_once_and_their_transactions_all_or_nothing(
+    db: Path,
+) -> None:
+    with BlockStore(db) as store:
+        assert store.connection() is store.connection()  # one reusable guard, no new object
+        with store.connection() as conn:
+            conn.execute("INSERT INTO topic_latest (topic, version) VALUES (?, ?)", (b"t1", b"v"))
+        assert sql(db, "SELECT topic FROM topic_latest") == [(b"t1",)]  # autocommit
+        with pytest.raises(RuntimeError), store.transaction() as conn:
+            conn.execute("INSERT INTO topic_latest (topic, version) VALUES (?, ?)", (b"t2", b"v"))
+            raise RuntimeError("the owner's write failed half-way")
+        with store.transaction() as conn:  # two tables, one transaction
+            conn.execute("INSERT INTO topic_latest (topic, version) VALUES (?, ?)", (b"t3", b"v"))
+            conn.execute("DELETE FROM topic_latest WHERE topic = ?", (b"t1",))
+            conn.execute("INSERT INTO heads (topic, event) VALUES (?, ?)", (b"t3", b"e"))
+        assert not store._conn.in_transaction
+    assert sql(db, "SELECT topic FROM topic_latest") == [(b"t3",)]
+    assert sql(db, "SELECT topic, event FROM heads") == [(b"t3", b"e")]
+
+
+@pytest.mark.parametrize("code", [11, 26], ids=["corrupt", "not-a-database"])
+def test_owners_see_damage_as_store_error(db: Path, code: int) -> None:
+    damage = sqlite3.DatabaseError("database disk image is malformed")
+    damage.sqlite_errorcode = code  # what SQLite sets on the errors it raises
+    with BlockStore(db) as store:
+        with pytest.raises(StoreError, match="damaged"), store.connection():
+            raise damage
+        with pytest.raises(StoreError, match="damaged"), store.transaction():
+            raise damage
+        assert not store._conn.in_transaction  # rolled back
+        with pytest.raises(sqlite3.OperationalError), store.connection() as conn:
+            conn.execute("SELECT * FROM no_such_table")  # other errors pass through
 
 
 # -- files that are not ours, damaged, or too new -------------------------------------------
@@ -254,209 +283,6 @@ def test_newer_schema_is_refused(db: Path) -> None:
         conn.commit()
     with pytest.raises(StoreError, match="newer pulsarcast"):
         BlockStore(db)
-
-
-# -- DHT records ----------------------------------------------------------------------------
-
-
-def test_dht_records(db: Path) -> None:
-    with BlockStore(db) as store:
-        assert store.dht_get(b"a") is None and store.dht_len() == 0
-        store.dht_put(b"a", b"1", now=100.0)
-        store.dht_put(b"b", b"2", now=200.0)
-        store.dht_put(b"c", b"3", now=300.0)
-        assert store.dht_get(b"a") == b"1" and store.dht_len() == 3
-        store.dht_put(b"a", b"1'", now=250.0)  # overwrite: new value, both times reset
-        assert store.dht_get(b"a") == b"1'" and store.dht_len() == 3
-        assert list(store.dht_iter()) == [
-            (b"a", b"1'", 250.0),
-            (b"b", b"2", 200.0),
-            (b"c", b"3", 300.0),
-        ]
-        assert store.dht_items_older_than(260.0) == [(b"b", b"2"), (b"a", b"1'")]
-        store.dht_mark_republished([b"b", b"missing"], now=400.0)
-        store.dht_mark_republished([], now=400.0)
-        assert store.dht_items_older_than(260.0) == [(b"a", b"1'")]
-        assert store.dht_items_older_than(0.0) == []
-        # Expiry goes by stored_at, not republished_at: b was stored at 200.
-        assert store.dht_expire(260.0) == 2
-        assert store.dht_get(b"b") is None and store.dht_get(b"a") is None
-        assert store.dht_expire(260.0) == 0
-        assert [k for k, _, _ in store.dht_iter()] == [b"c"] and store.dht_len() == 1
-
-
-def test_dht_iter_pages_through_many_records(db: Path) -> None:
-    with BlockStore(db) as store:
-        keys = [i.to_bytes(4, "big") for i in range(1200)]
-        for k in keys:
-            store.dht_put(k, k, now=1.0)
-        assert [k for k, _, _ in store.dht_iter()] == keys
-
-
-# -- subscriptions and heads ----------------------------------------------------------------
-
-
-def test_subscriptions(db: Path) -> None:
-    a, b = topic(1), topic(2)
-    with BlockStore(db) as store:
-        assert store.add_subscription(b, now=1.0) is True
-        assert store.add_subscription(a, now=2.0) is True
-        assert store.add_subscription(a, now=3.0) is False
-        assert store.subscriptions() == [b, a]
-        assert store.remove_subscription(b) is True
-        assert store.remove_subscription(b) is False
-        assert store.subscriptions() == [a]
-        assert store.add_subscription(b, now=4.0) is True
-        assert store.subscriptions() == [a, b]
-
-
-def test_set_heads_replaces_atomically(db: Path) -> None:
-    t, other = topic(1), topic(2)
-    old = sorted((block(i)[0] for i in range(3)), key=bytes)
-    new = sorted((block(i)[0] for i in range(10, 12)), key=bytes)
-    with BlockStore(db) as store:
-        assert store.heads(t) == []
-        store.set_heads(t, old)
-        store.set_heads(other, new)
-        assert store.heads(t) == old
-
-        def failing() -> object:
-            yield new[0]
-            raise RuntimeError("computing the heads failed")
-
-        with pytest.raises(RuntimeError):
-            store.set_heads(t, failing())  # type: ignore[arg-type]
-        assert store.heads(t) == old
-        store.set_heads(t, [*new, new[0]])
-        assert store.heads(t) == new and store.heads(other) == new
-        store.set_heads(t, [])
-        assert store.heads(t) == []
-    with BlockStore(db) as store:
-        assert store.heads(t) == [] and store.heads(other) == new
-
-
-def test_outbox_survives_a_reopen_and_forgets_what_is_removed(db: Path) -> None:
-    t, other = topic(1), topic(2)
-    events = [block(i)[0] for i in range(4)]
-    with BlockStore(db) as store:
-        assert store.outbox() == {}
-        store.outbox_add([(t, events[0]), (other, events[1])], now=1.0)
-        store.outbox_add([(t, events[2]), (t, events[0])], now=2.0)  # a repeat is ignored
-    with BlockStore(db) as store:
-        assert store.outbox() == {t: [events[0], events[2]], other: [events[1]]}
-        store.outbox_remove(t, [events[0], events[3]])
-        store.outbox_remove(other, [events[1]])
-        assert store.outbox() == {t: [events[2]]}
-
-
-def test_a_schema_2_database_gains_the_outbox(db: Path) -> None:
-    with BlockStore(db) as store:
-        store.set_heads(topic(1), [block(1)[0]])
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        conn.execute("DROP TABLE outbox")
-        conn.execute("PRAGMA user_version = 2")
-        conn.commit()
-    with BlockStore(db) as store:
-        assert store.heads(topic(1)) == [block(1)[0]]
-        store.outbox_add([(topic(1), block(2)[0])], now=1.0)
-        assert store.outbox() == {topic(1): [block(2)[0]]}
-    assert sql(db, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
-
-
-# -- delivery log ---------------------------------------------------------------------------
-
-
-def test_log_append_assigns_seqs_and_deduplicates(db: Path) -> None:
-    t, u = topic(1), topic(2)
-    e = [block(i)[0] for i in range(6)]
-    with BlockStore(db) as store:
-        assert store.log_last_seq(t) == 0
-        assert store.log_append(t, [], now=1.0) == []
-        assert store.log_append(t, [e[0], e[1], e[0]], now=1.0) == [1, 2]
-        assert store.log_append(t, [e[1], e[2], e[3]], now=2.0) == [3, 4]
-        assert store.log_append(t, [e[2]], now=3.0) == []
-        assert store.log_append(u, [e[2]], now=3.0) == [1]  # per topic
-        assert store.log_last_seq(t) == 4 and store.log_last_seq(u) == 1
-        assert store.log_seq_of(t, e[3]) == 4 and store.log_seq_of(t, e[5]) is None
-        assert store.log_contains(t, e[0]) and not store.log_contains(u, e[0])
-        assert [ev for _, ev, _ in store.log_range(t)] == e[:4]
-
-
-def test_log_seq_never_reused_across_reopen_and_pruning(db: Path) -> None:
-    t = topic(1)
-    e = [block(i)[0] for i in range(8)]
-    with BlockStore(db) as store:
-        assert store.log_append(t, e[:3], now=1.0) == [1, 2, 3]
-    with BlockStore(db) as store:
-        assert store.log_last_seq(t) == 3
-        assert store.log_append(t, e[3:5], now=2.0) == [4, 5]
-        assert store.log_prune(t, 5) == 5  # even the latest entries gone...
-        assert store.log_range(t) == [] and store.log_last_seq(t) == 5
-        assert store.log_append(t, [e[5]], now=3.0) == [6]  # ...numbers carry on
-    with BlockStore(db) as store:
-        assert store.log_append(t, [e[6], e[7]], now=4.0) == [7, 8]
-        assert [s for s, _, _ in store.log_range(t)] == [6, 7, 8]
-
-
-def test_log_range_paging(db: Path) -> None:
-    t = topic(1)
-    events = [block(i)[0] for i in range(25)]
-    with BlockStore(db) as store:
-        store.log_append(t, events[:10], now=1.0)
-        store.log_append(t, events[10:], now=2.0)
-        store.log_append(topic(2), events, now=2.0)  # another topic's log stays apart
-
-        pages, after = [], 0
-        while page := store.log_range(t, after, limit=10):
-            pages.append([s for s, _, _ in page])
-            after = page[-1][0]
-        assert pages == [list(range(1, 11)), list(range(11, 21)), list(range(21, 26))]
-
-        pages, before = [], None
-        while page := store.log_range(t, limit=10, descending=True, before_seq=before):
-            pages.append([s for s, _, _ in page])
-            before = page[-1][0]
-        assert pages == [list(range(25, 15, -1)), list(range(15, 5, -1)), list(range(5, 0, -1))]
-
-        assert [s for s, _, _ in store.log_range(t, 3, before_seq=7)] == [4, 5, 6]
-        assert store.log_range(t, limit=0) == []
-        assert store.log_range(t, 25) == []
-        first = store.log_range(t, limit=1)
-        assert first == [(1, events[0], 1.0)]
-        with pytest.raises(ValueError):
-            store.log_range(t, limit=-1)
-
-
-def test_log_blocks_reads_entries_with_their_blocks_in_one_page(db: Path) -> None:
-    t = topic(1)
-    stored = [block(i) for i in range(6)]
-    with BlockStore(db) as store:
-        store.put_many(stored[:5])  # the last one's block is missing
-        store.log_append(t, [cid for cid, _ in stored], now=3.0)
-        rows = store.log_blocks(t, 1, limit=10)
-        assert [(s, c, b) for s, c, _, b in rows] == [
-            (i + 1, cid, data if i < 5 else None) for i, (cid, data) in enumerate(stored)
-        ][1:]
-        back = store.log_blocks(t, limit=2, descending=True, before_seq=5)
-        assert [(s, b) for s, _, _, b in back] == [(4, stored[3][1]), (3, stored[2][1])]
-        assert [r[:3] for r in store.log_blocks(t)] == store.log_range(t)
-
-
-def test_log_seq_at_time(db: Path) -> None:
-    t = topic(1)
-    e = [block(i)[0] for i in range(5)]
-    with BlockStore(db) as store:
-        assert store.log_seq_at_time(t, 100.0) == 0
-        store.log_append(t, e[:2], now=10.0)  # seqs 1, 2
-        store.log_append(t, [e[2]], now=20.0)  # seq 3
-        assert store.log_seq_at_time(t, 10.0) == 0  # strictly before
-        assert store.log_seq_at_time(t, 10.5) == 2
-        assert store.log_seq_at_time(t, 20.0) == 2
-        assert store.log_seq_at_time(t, 99.0) == 3
-        # The clock stepping back does not make the log's times go backwards.
-        store.log_append(t, [e[3]], now=15.0)
-        assert store.log_range(t, 3) == [(4, e[3], 20.0)]
-        assert store.log_seq_at_time(t, 20.5) == 4
 
 
 def test_bench_store_reports_both_rates(tmp_path: Path) -> None:
@@ -552,13 +378,3 @@ def test_sigkill_mid_write_loses_no_committed_batch(db: Path) -> None:
         reported |= {index for index, _ in commits}
         first = _check_after_crash(db, reported)
         assert first >= max(reported) + 1
-
-
-def test_dht_put_many_is_one_upsert_batch(tmp_path: Path) -> None:
-    with BlockStore(tmp_path / "s.sqlite3") as store:
-        store.dht_put(b"k1", b"old", 1.0)
-        store.dht_put_many([(b"k1", b"new"), (b"k2", b"v2")], 5.0)
-        assert store.dht_get(b"k1") == b"new" and store.dht_get(b"k2") == b"v2"
-        assert sorted((k, t) for k, _, t in store.dht_iter()) == [(b"k1", 5.0), (b"k2", 5.0)]
-        store.dht_put_many([], 6.0)
-        assert store.dht_len() == 2

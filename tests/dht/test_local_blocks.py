@@ -21,6 +21,7 @@ import pytest
 from dag.cid import CID, cid_of, cid_of_raw
 from dag.store import SCHEMA_VERSION, BlockStore
 from dht import MAX_BLOCK_SIZE, DhtNode, dht_key
+from dht.record_table import RecordTable
 from dht.wire import MAX_HOLDS_KEYS, encode_request, holds_bitmap, parse_holds
 from tests.waiting import eventually
 
@@ -59,9 +60,10 @@ def test_the_store_finds_blocks_by_their_dht_key(tmp_path: Path) -> None:
         store.put_many([three, one])  # a repeat is harmless
         for cid, data in (one, two, three):
             assert store.block_for_key(dht_key(cid)) == data
-        store.dht_put(b"r" * 20, b"a record", now=1.0)
+        table = RecordTable(store)  # the records live in the same file, apart
+        table.put(b"r" * 20, b"a record", now=1.0)
         missing = dht_key(block(4)[0])
-        assert store.dht_held([dht_key(one[0]), missing, b"r" * 20]) == {b"r" * 20}
+        assert table.held([dht_key(one[0]), missing, b"r" * 20]) == {b"r" * 20}
         # pinned only, in key order, paged
         pinned = sorted([dht_key(one[0]), dht_key(three[0])])
         assert store.pinned_keys() == pinned

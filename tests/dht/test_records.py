@@ -57,7 +57,7 @@ async def test_a_holder_serving_junk_does_not_win(network: Network) -> None:
     await nodes[0].put_record(_record(5))
     liar = nodes[1]
     # The liar's storage is bypassed: it answers FIND_VALUE with a forged "record".
-    liar.records._store.dht_put_many([(_record(5).key, b"\xa1atx" + b"\x00" * 40)], 0.0)
+    liar.records._table.put_many([(_record(5).key, b"\xa1atx" + b"\x00" * 40)], 0.0)
     found = await nodes[-1].get_record(TOPIC.cid, AUTHOR.peer_id)
     assert found is not None and found.seq == 5
     assert nodes[-1].stats.bad_values_fetched == 1  # the liar was asked, and not believed

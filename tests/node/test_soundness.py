@@ -171,8 +171,8 @@ async def test_a_publish_is_acknowledged_only_once_the_outbox_row_is_committed(
     # The restarted publisher rejoins the tree it only published in, for its outbox.
     publisher = await network.restart(publisher)
     await eventually(lambda: publisher.core.tree(topic.cid) is not None, timeout=10)
-    assert publisher.store.subscriptions() == []
+    assert publisher.state.subscriptions() == []
     # A subscribed publisher delivers its event at once: nothing to keep.
     own = await reader.publish(topic.cid, b"delivered here")
     assert own.cid in {e.cid for e in await collect(sub, 1)}
-    assert reader.store.outbox() == {}
+    assert reader.state.outbox() == {}

@@ -18,6 +18,7 @@ import pytest
 
 from dag.cid import CID, cid_of
 from dag.store import BlockStore
+from pulsar.runtime.node_state import NodeState
 from pulsar.testbed.delivery_logs import (
     DELIVERY_LOGS,
     STORE_FILE,
@@ -203,9 +204,10 @@ def _event(i: int) -> CID:
 def test_a_nodes_log_is_read_from_its_store_up_to_the_end_of_the_run(tmp_path: Path) -> None:
     topic, other = _event(1000), _event(1001)
     with BlockStore(tmp_path / STORE_FILE) as store:
-        store.log_append(topic, [_event(1), _event(2)], 10.0)
-        store.log_append(topic, [_event(3)], 30.0)  # after the run ended: left out
-        store.log_append(other, [_event(4)], 10.0)  # not a workload topic
+        state = NodeState(store)
+        state.log_append(topic, [_event(1), _event(2)], 10.0)
+        state.log_append(topic, [_event(3)], 30.0)  # after the run ended: left out
+        state.log_append(other, [_event(4)], 10.0)  # not a workload topic
     got = read_node_log(tmp_path, [str(topic), str(_event(1002))], until=20.0)
     assert got == {str(topic): [str(_event(1)), str(_event(2))]}
     assert read_node_log(tmp_path / "never-started", [str(topic)], until=20.0) is None
