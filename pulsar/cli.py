@@ -97,7 +97,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         _print_json(asyncio.run(bench_large(
             nodes=args.nodes or 30, events=args.events or 5, mbps=args.mbps,
-            link_ms=args.link_ms, interval=args.seconds or 4.0,
+            link_ms=args.link_ms, interval=args.seconds or 4.0, seed=args.seed,
         )))
         return 0
     print(f"unknown benchmark {args.name!r}", file=sys.stderr)
@@ -120,7 +120,8 @@ def _add_bench(sub: Any) -> None:
     bench.add_argument(
         "--history", type=int, default=None, help="events to backfill and replay (delivery)"
     )
-    bench.add_argument("--seed", type=int, default=1, help="fault and crash seed (delivery)")
+    bench.add_argument("--seed", type=int, default=1,
+                       help="fault and crash seed (delivery); link seed (large)")
     bench.add_argument("--processes", type=int, default=None,
                        help="worker processes for the subscribers (publish; 0: all nodes in "
                             "this process; default one per CPU)")

@@ -9,7 +9,7 @@ from pulsar.sim.large import sim_large
 def test_sim_large_reports_the_bench_figures() -> None:
     figures = sim_large(nodes=12, events=1, interval=2.0)
     assert figures["delivery_ratio"] == 1.0
-    for mode in ("fragments", "store_and_forward", "dht_pull"):
+    for mode in ("fragments", "store_and_forward", "store_and_forward_plain", "dht_pull"):
         assert figures["modes"][mode]["delivery_ratio"] == 1.0
     assert figures["modes"]["fragments"]["pulled_from_dht"] == 0
     assert figures["latency_p50_ms"] < figures["store_and_forward_latency_p50_ms"]
