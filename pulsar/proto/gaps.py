@@ -455,6 +455,10 @@ class GapFetching(BackfillParts):
         if gap.asked is None and not gap.retry_armed:  # (a parked gap's wait is armed)
             self._drop(gap, "timeout", now, out)  # stalled: nothing more is coming
             return out
+        if gap.asked is not None and gap.asked_peer is None and not gap.waited_for_dht:
+            gap.waited_for_dht = True  # a DHT get is in flight: its answer may be due
+            self._arm(gap, self.config.dht_patience, out)
+            return out
         released = self._release(state, gap, out, now)
         if released:
             self._report(gap, released, "timeout", out)

@@ -27,11 +27,12 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, assert_never
+from typing import Any, Final, Literal, assert_never
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
 from dag.chunks import split
-from dag.records import heads_record_key
+from dag.records import HeadsRecord, heads_record_key
+from dht.config import DhtConfig
 
 from ..proto import events as ev
 from ..proto.core import CoreConfig, PulsarCore
@@ -40,6 +41,9 @@ from ..proto.repair_messages import Blocks
 from ..proto.wire import decode_message, encode_message
 from .dht import SimDht
 from .routing import IdSpace, KnownPeers, node_id
+
+DHT_RPC_TIMEOUT: Final = DhtConfig().rpc_timeout
+"""What a DHT request whose datagram was lost costs its caller (the runtime's timeout)."""
 
 __all__ = ["SimNetwork", "SimNode"]
 
@@ -264,7 +268,7 @@ class SimNetwork:
             usable = self._usable_from(node)
             for cid, block in blocks:
                 node.store[cid] = self._blocks.setdefault(cid, block)
-                self.dht.put_block(cid, block, usable)
+                self.dht.put_block(cid, block, usable, self._dht_lost)
             body = root
         self.input(node.peer_id, ev.Publish(topic, body, parent, self._request,
                                             content_type))
@@ -321,9 +325,17 @@ class SimNetwork:
             )
 
     def crash(self, node: SimNode) -> None:
-        """Stop ``node``. The peers it talked to notice (as the transport's keepalive
-        would), and the routing tables that held it replace it from the same bucket, as
-        Kademlia's replacement cache and bucket refreshes do."""
+        """Stop ``node`` (a process crash). The peers it talked to or that hold it in
+        their tables are told ``PeerDown`` five link latencies later, and the routing
+        tables that held it replace it from the same bucket, as Kademlia's replacement
+        cache and bucket refreshes do.
+
+        For the peers it talked to this is what the runtime sees (the dead process's
+        kernel closes its connections: end-of-file one link latency later). For the others
+        it is an oracle: the runtime learns of a dead peer it never talked to only when a
+        send to it fails (``SendFailed``, which the simulator also gives). Telling only the
+        peers it talked to made a live subscriber deliver out of order
+        (``tests/proto/test_eventual.py``, seed 11: a gap timed out), which is open."""
         node.alive = False
         me = node.peer_id
         for other in sorted(self.known_by[me], key=bytes):  # sets: no hash-seed order
@@ -363,33 +375,39 @@ class SimNetwork:
                 case ev.StoreDht():
                     block = self._blocks.setdefault(out.cid, out.block)
                     node.store[out.cid] = block
-                    holders = self.dht.put_block(out.cid, block, self._usable_from(node))
+                    holders, lost = self.dht.put_block(out.cid, block, self._usable_from(node),
+                                                       self._dht_lost)
                     self.input(node.peer_id, ev.DhtStored(out.cid, len(holders)),
-                               self._round_trip(node, holders))
+                               self._store_time(node, holders, lost))
                 case ev.Fetch():
                     found = node.store.get(out.cid)
+                    stalls = 0
                     if found is None:
-                        found = self.dht.get_block(out.cid, self._usable_from(node))
+                        found, stalls = self.dht.get_block(out.cid, self._usable_from(node),
+                                                           self._dht_lost)
                         if found is not None:
                             self.stats.copies += 1
-                    self.input(node.peer_id, ev.BlockFetched(out.cid, found), 2 * self.latency)
+                    self.input(node.peer_id, ev.BlockFetched(out.cid, found),
+                               2 * self.latency + stalls * DHT_RPC_TIMEOUT)
                 case ev.StoreRecord():
-                    took = self.dht.put_record(out.record, self._usable_from(node))
+                    took, lost = self.dht.put_record(out.record, self._usable_from(node),
+                                                     self._dht_lost)
                     self.input(node.peer_id,
                                ev.RecordStored(out.record.topic, out.record.seq, len(took)),
-                               self._round_trip(node, took))
+                               self._store_time(node, took, lost))
                 case ev.FetchRecords():
                     usable = self._usable_from(node)
-                    records = tuple(
-                        r
-                        for r in (
-                            self.dht.get_record(heads_record_key(out.topic, p), usable)
-                            for p in out.publishers
-                        )
-                        if r is not None
-                    )
-                    self.input(node.peer_id, ev.RecordsFetched(out.topic, records, out.request),
-                               2 * self.latency)
+                    found_records: list[HeadsRecord] = []
+                    stalls = 0
+                    for publisher in out.publishers:  # looked up concurrently, as the node does
+                        record, stalled = self.dht.get_record(
+                            heads_record_key(out.topic, publisher), usable, self._dht_lost)
+                        stalls = max(stalls, stalled)
+                        if record is not None:
+                            found_records.append(record)
+                    self.input(node.peer_id,
+                               ev.RecordsFetched(out.topic, tuple(found_records), out.request),
+                               2 * self.latency + stalls * DHT_RPC_TIMEOUT)
                 case ev.VersionAdopted():
                     node.store[out.version.cid] = out.version.block
                     node.latest[out.topic] = out.version.cid
@@ -435,6 +453,22 @@ class SimNetwork:
         if not peers:
             return 2 * self.latency
         return 2 * max(self.link_latency(node.peer_id, p) for p in peers)
+
+    def _store_time(self, node: SimNode, acked: list[PeerId], lost: bool) -> float:
+        """When a DHT store is answered. The runtime's put returns once ``min_acks``
+        replicas acknowledged (a round trip); short of that, only when the lost STOREs'
+        RPC timeout has passed."""
+        rtt = self._round_trip(node, acked)
+        core = node.core
+        needed = core.config.min_acks if isinstance(core, PulsarCore) else 1
+        if lost and len(acked) < needed:
+            return max(rtt, DHT_RPC_TIMEOUT)
+        return rtt
+
+    def _dht_lost(self) -> bool:
+        """One DHT datagram's fate: lost at the network's loss rate, like pub-sub frames
+        (no draw at all without loss, so loss-free runs are unchanged)."""
+        return bool(self.loss) and self.rng.random() < self.loss
 
     def _send(self, node: SimNode, out: ev.Send) -> None:
         target = self.nodes.get(out.peer)

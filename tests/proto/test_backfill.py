@@ -396,6 +396,29 @@ def test_gap_timeout_reports_releases_and_a_late_ancestor_is_delivered_once() ->
     assert core.metrics["delivered"] == 4 and core.metrics["gaps_open"] == 0
 
 
+def test_a_gap_whose_dht_get_is_in_flight_waits_once_more_before_it_releases() -> None:
+    """The gap timeout comes while the DHT is still being asked: the answer may be due
+    (a lookup round whose datagrams were all lost costs the DHT's RPC timeout), so the
+    held events wait ``dht_patience`` once more; then the timeout releases them as usual."""
+    e0, e1, e2 = _chain(3)
+    core = _core(config=BackfillConfig(dht_patience=4.0))
+    core.accepted(TID, e0, 1, PEER, 0.0)
+    assert core.accepted(TID, e2, 1, None, 0.0)[1:] == [ev.Fetch(e1.cid)]
+    assert core.on_timer(GapTimeout(TID, 0, 1), 5.0) == [ev.SetTimer(4.0, GapTimeout(TID, 0, 2))]
+    # The answer comes in that time: delivered in order, nothing reported.
+    out = core.on_fetched(e1.cid, e1.block, 7.0)
+    assert _delivered(out) == [e1, e2] and core.metrics["gaps_reported"] == 0
+    # Once only: a second timeout with the get still in flight releases.
+    (f1,) = _chain(1, parent=e2.cid, start=T0 + 20, tag="f")
+    (f2,) = _chain(1, parent=f1.cid, start=T0 + 21, tag="g")
+    assert core.accepted(TID, f2, 1, None, 8.0)[1:] == [ev.Fetch(f1.cid)]
+    assert core.on_timer(GapTimeout(TID, 1, 1), 13.0) == [ev.SetTimer(4.0, GapTimeout(TID, 1, 2))]
+    out = core.on_timer(GapTimeout(TID, 1, 2), 17.0)
+    assert _delivered(out) == [f2]
+    (report,) = [o for o in out if isinstance(o, GapReported)]
+    assert report.reason == "timeout"
+
+
 def test_forged_and_tampered_blocks_are_rejected_and_never_delivered() -> None:
     topic = _topic(allowed_publishers=[])  # only the author may publish
     e0, e1 = _chain(2, topic=topic.cid)
