@@ -401,7 +401,7 @@ async def _relay(root: Path, events: int = 3000) -> float:
     children: list[Transport] = []
     try:
         relay.store.put_many([(meta.cid, meta.block)], pinned=True)
-        await relay._join(topic, deliver=False)
+        await relay._topics.join(topic, deliver=False)
         for index in range(3):
 
             def on_frame(peer: Any, frame: bytes, index: int = index) -> None:
@@ -420,7 +420,7 @@ async def _relay(root: Path, events: int = 3000) -> float:
         frames = [encode_message(Event(topic.cid, b, 1)) for b in blocks]
         start = time.perf_counter()
         for i, frame in enumerate(frames):
-            relay._on_frame(source, frame)
+            relay._driver.on_frame(source, frame)
             if i % 200 == 199:
                 await asyncio.sleep(0)  # let the transport write, as a socket reader would
         await asyncio.wait_for(finished.wait(), timeout=120)

@@ -72,7 +72,7 @@ class Network:
     async def restart(self, node: Node) -> Node:
         index = self.nodes.index(node)
         await node.stop()
-        seeds = tuple(n.address for n in self.nodes if n is not node and not n._stopped)[:3]
+        seeds = tuple(n.address for n in self.nodes if n is not node and not n.stopped)[:3]
         fresh = await Node.start(self.config(index, seeds))
         self.nodes[index] = fresh
         return fresh

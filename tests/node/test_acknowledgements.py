@@ -96,8 +96,8 @@ async def test_an_acknowledged_event_is_found_from_the_cid_after_its_publisher_d
         topic = await author.create_topic("acked")
         event = await author.publish(topic.cid, b"the last word")
         # A crash: no Flush of armed records, no waiting for writes in flight.
-        author._stopped = True
-        for task in list(author._tasks):
+        author._driver.halt()
+        for task in list(author._driver.tasks):
             task.cancel()
         await author.transport.close()
         await author.dht.stop()

@@ -189,7 +189,7 @@ async def test_late_subscriber_replays_everything_with_the_publisher_offline(
     topic = await author.create_topic("archive")
     await relay.subscribe(topic.cid)
     published = [await author.publish(topic.cid, b"old %d" % i) for i in range(30)]
-    relay_sub = relay._subscriptions[topic.cid][0]
+    relay_sub = relay._driver.subscriptions[topic.cid][0]
     await collect(relay_sub, 30)
     await author.stop()
     sub = await late.subscribe(topic.cid, replay=True)

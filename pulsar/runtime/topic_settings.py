@@ -1,0 +1,104 @@
+"""Topic settings as the API takes them, turned into the core's commands.
+
+``Node.create_topic`` and ``Node.update_topic`` accept what is convenient to write (peer
+ids as strings, a list of peers or a bool for a rule, linking by name, subtopics as a
+dict); the core's ``CreateTopic`` and ``UpdateTopic`` take exact, immutable types. The
+conversion lives here, apart from the node, so that each setting is read the same way by
+both commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dag import CID, EventLinking, PeerId, PublishRule
+
+from ..proto import events as ev
+
+__all__ = ["SETTINGS", "check_settings", "create_topic", "topic_changes"]
+
+SETTINGS = frozenset(
+    {"name", "allowed_publishers", "request_to_publish", "event_linking", "subtopics"}
+)
+"""What ``update_topic`` may change."""
+
+
+def create_topic(
+    request: int,
+    name: str,
+    allowed_publishers: Iterable[PeerId | str] | None,
+    request_to_publish: Iterable[PeerId | str] | bool | None,
+    event_linking: EventLinking | str,
+    subtopics: dict[str, CID] | None,
+) -> ev.CreateTopic:
+    """The core's command for ``Node.create_topic``'s arguments (``ValueError`` for peer
+    ids or a linking that do not parse)."""
+    peers = _peers(allowed_publishers)
+    return ev.CreateTopic(
+        request,
+        name,
+        None if peers is None else tuple(peers),
+        _rule_arg(request_to_publish),
+        EventLinking(event_linking),
+        tuple((subtopics or {}).items()),
+    )
+
+
+def check_settings(changes: Mapping[str, Any]) -> None:
+    """Refuse (``TypeError``) settings ``update_topic`` does not know, before any work."""
+    unknown = set(changes) - SETTINGS
+    if unknown:
+        raise TypeError(f"unknown topic settings: {sorted(unknown)}")
+
+
+def topic_changes(changes: Mapping[str, Any]) -> ev.TopicChanges:
+    """What ``update_topic(**changes)`` changes; a setting not given is kept."""
+    linking = changes.get("event_linking")
+    subtopics = changes.get("subtopics")
+    return ev.TopicChanges(
+        name=changes.get("name"),
+        allowed_publishers=(
+            _rule(changes["allowed_publishers"], False)
+            if "allowed_publishers" in changes
+            else None
+        ),
+        request_to_publish=(
+            _rule(changes["request_to_publish"], True)
+            if "request_to_publish" in changes
+            else None
+        ),
+        event_linking=None if linking is None else EventLinking(linking),
+        subtopics=None if subtopics is None else tuple(dict(subtopics).items()),
+    )
+
+
+def _peers(value: Iterable[PeerId | str] | None) -> list[PeerId] | None:
+    if value is None:
+        return None
+    return [PeerId.parse(p) for p in value]
+
+
+def _rule_arg(
+    value: Iterable[PeerId | str] | bool | None,
+) -> tuple[PeerId, ...] | bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    return tuple(PeerId.parse(p) for p in value)
+
+
+def _rule(
+    value: PublishRule | Iterable[PeerId | str] | bool | None, request: bool
+) -> PublishRule:
+    """A rule from what ``update_topic`` accepts: a rule, a list of peers (enabled, these),
+    None (disabled: anyone may publish; nobody may request), or for
+    ``request_to_publish`` a bool (enabled for anyone / disabled)."""
+    if value is None:
+        return PublishRule()
+    if isinstance(value, PublishRule):
+        return value
+    if isinstance(value, bool):
+        if not request:
+            raise TypeError("allowed_publishers takes peers or a PublishRule, not a bool")
+        return PublishRule(value, ())
+    return PublishRule(True, tuple(PeerId.parse(p) for p in value))
