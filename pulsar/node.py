@@ -34,8 +34,8 @@ from dht import DhtNode
 from .config import NodeConfig
 from .net.transport import Transport
 from .proto import events as ev
-from .proto.core import PulsarCore, TreeView
-from .proto.floodsub import FloodCore
+from .proto.core import TreeView
+from .proto.driven import Core
 from .runtime import topic_settings
 from .runtime.bootstrap import listen_both, retry_bootstrap
 from .runtime.delivery_log import DeliveryLog, LogEntry
@@ -77,7 +77,7 @@ class Node:
         self.transport = transport
         self._routing = routing
         self._driver = Driver(config, identity, store, self.state, dht, transport, routing)
-        self.core: PulsarCore | FloodCore = self._driver.core
+        self.core: Core = self._driver.core
         self._topics = Topics(self._driver, store, self.state)
         self._log = DeliveryLog(self.state, self._driver.writes)
 
@@ -169,17 +169,12 @@ class Node:
     def repair_links(self, topic: CID) -> tuple[frozenset[PeerId], frozenset[PeerId]]:
         """``(lazy, grafted)`` of ``topic``: the Plumtree links that only announce events,
         and those a GRAFT made eager on top of the tree's edges. Floodsub has neither."""
-        if isinstance(self.core, FloodCore):
-            return frozenset(), frozenset()
-        lazy = self.core.lazy
-        return frozenset(lazy.lazy(topic)), frozenset(lazy.eager_extra(topic))
+        return self.core.repair_links(topic)
 
     def rtts(self) -> dict[PeerId, tuple[float, float]]:
         """``peer -> (smoothed RTT, RTO)`` in seconds for every neighbour measured so far
         (PING/PONG with traffic); empty under floodsub, which does not measure."""
-        if isinstance(self.core, FloodCore):
-            return {}
-        return self.core.rtt.snapshot()
+        return self.core.rtt_snapshot()
 
     @property
     def stopped(self) -> bool:

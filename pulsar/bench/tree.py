@@ -254,7 +254,7 @@ async def _disseminate(
             "deliveries": {},
             "received": {k: v - baseline[k] for k, v in copies_received(author).items()},
             "counters": {k: v - counters_baseline.get(k, 0) for k, v in counters(author).items()},
-            "max_hop": author.core.metrics.get("max_hop", 0),
+            "max_hop": author.core.counters().get("max_hop", 0),
             "nodes": [_row(author, topic.cid)],
         }
     )

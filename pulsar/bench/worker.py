@@ -55,11 +55,10 @@ def copies_received(node: Node) -> dict[str, int]:
     EVENT messages would make an event that reached a node by repair look like no copy at
     all (redundancy below zero). DHT replication itself (k STOREs per event, for
     persistence) is not dissemination and is not counted."""
-    backfill = getattr(node.core, "backfill", None)
-    repair = backfill.metrics if backfill is not None else {}
+    counted = node.core.counters()
     return {
-        "tree": node.core.metrics["events_received"],
-        "repair": repair.get("backfilled", 0) + repair.get("found_locally", 0),
+        "tree": counted["events_received"],
+        "repair": counted.get("backfilled", 0) + counted.get("found_locally", 0),
     }
 
 
@@ -156,7 +155,7 @@ class _Worker(CommandWorker):
         deliveries: dict[str, list[float]] = {}
         for cid, at in self.arrivals:
             deliveries.setdefault(str(cid), []).append(at)
-        hops = (n.core.metrics.get("max_hop", 0) for n in self.nodes.values())
+        hops = (n.core.counters().get("max_hop", 0) for n in self.nodes.values())
         return {
             "deliveries": deliveries,
             "received": {k: v - self.baseline[k] for k, v in self._received().items()},

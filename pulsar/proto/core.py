@@ -271,6 +271,25 @@ class PulsarCore(Publishing, VersionAdoption):
             **self.members.metrics,
         }
 
+    @property
+    def min_acks(self) -> int:
+        return self.config.min_acks
+
+    @property
+    def keeps_outbox(self) -> bool:
+        return True
+
+    def repair_links(self, topic: CID) -> tuple[frozenset[PeerId], frozenset[PeerId]]:
+        """``(lazy, grafted)``: the Plumtree links of ``topic`` that only announce events,
+        and those a GRAFT made eager on top of the tree's edges."""
+        return frozenset(self.lazy.lazy(topic)), frozenset(self.lazy.eager_extra(topic))
+
+    def rtt_snapshot(self) -> dict[PeerId, tuple[float, float]]:
+        return self.rtt.snapshot()
+
+    def overlay(self) -> dict[PeerId, bool]:
+        return dict(self.members.active)
+
     def _contacts(self) -> list[PeerId]:
         """Where to enter the overlay: a few proven contacts from the k-buckets."""
         return list(self.routing.closest_peers(self.members.rng.randbytes(20), 8))

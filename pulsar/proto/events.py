@@ -18,6 +18,7 @@ Commands carry a ``request`` number chosen by the driver; each ends with exactly
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
 from dag.records import HeadsRecord
@@ -29,6 +30,7 @@ __all__ = [
     "BlockFetched",
     "CommandFailed",
     "CreateTopic",
+    "FailureKind",
     "Deliver",
     "DhtStored",
     "RecordStored",
@@ -335,16 +337,22 @@ class TopicReady:
     topic: TopicDescriptor
 
 
+FailureKind = Literal["refused", "invalid", "unpersisted", "unrecorded"]
+"""Why a command failed, for what the caller may do: ``refused`` (the topic's rules, or
+the node's state, say no), ``invalid`` (the command itself is malformed: settings the
+schema refuses), ``unpersisted`` (too few DHT nodes stored it: try again when the network
+is there) or ``unrecorded`` (the event was stored and sent, but no heads record naming it
+reached the write quorum: it may still be delivered)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CommandFailed:
-    """The command ``request`` failed; ``reason`` says why in words for the caller.
-    ``kind``: ``refused`` (the topic's rules, or the node's state, say no),
-    ``invalid`` (the command itself is malformed: settings the schema refuses) or
-    ``unpersisted`` (too few DHT nodes stored it: try again when the network is there)."""
+    """The command ``request`` failed; ``reason`` says why in words for the caller, and
+    ``kind`` what the caller may do about it (:data:`FailureKind`)."""
 
     request: int
     reason: str
-    kind: str = "refused"
+    kind: FailureKind = "refused"
 
 
 @dataclass(frozen=True, slots=True)

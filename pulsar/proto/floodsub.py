@@ -169,6 +169,23 @@ class FloodCore:
     def counters(self) -> dict[str, int]:
         return dict(self.metrics)
 
+    @property
+    def min_acks(self) -> int:
+        return 0  # a topic is ready once its stores are answered, whatever the acks
+
+    @property
+    def keeps_outbox(self) -> bool:
+        return False  # it sends at once: nothing of its own waits to be announced
+
+    def repair_links(self, topic: CID) -> tuple[frozenset[PeerId], frozenset[PeerId]]:
+        return frozenset(), frozenset()  # no lazy repair
+
+    def rtt_snapshot(self) -> dict[PeerId, tuple[float, float]]:
+        return {}  # it does not measure
+
+    def overlay(self) -> dict[PeerId, bool]:
+        return {}  # no membership overlay: it greets its DHT contacts
+
     # ------------------------------------------------------------------ membership
 
     def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:

@@ -21,7 +21,7 @@ import itertools
 import logging
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, assert_never
+from typing import TYPE_CHECKING, Any, Final, assert_never
 
 from dag import CID, BlockStore, EventDescriptor, Identity, PeerId
 from dag.records import HeadsRecord
@@ -31,6 +31,7 @@ from ..net.errors import PeerUnreachable
 from ..net.transport import Transport
 from ..proto import events as ev
 from ..proto.core import PulsarCore
+from ..proto.driven import Core
 from ..proto.floodsub import FloodCore
 from ..proto.messages import MessageError
 from ..proto.timers import Timer
@@ -58,6 +59,15 @@ LOCATE_MISS_FOR = 60.0
 """Seconds a peer the DHT could not locate is not looked for again."""
 
 
+
+_FAILURES: Final[dict[ev.FailureKind, type[Exception]]] = {
+    "refused": PublishError,
+    "invalid": ValueError,
+    "unpersisted": NotPersisted,
+    "unrecorded": NotRecorded,
+}
+"""The exception a caller gets for each kind of failed command."""
+
 class Driver:
     """One node's core and the effects of its outputs. ``subscriptions`` are the
     application's iterators per topic (delivered events are pushed to them); ``writes``
@@ -82,7 +92,7 @@ class Driver:
         self._loop = asyncio.get_running_loop()
         # The heads stored with each log append are the core's, read when the flush runs.
         self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic))
-        self.core: PulsarCore | FloodCore
+        self.core: Core
         if config.protocol == "floodsub":
             self.core = FloodCore(identity, routing, lookup=self.writes.local_block)
         else:
@@ -261,8 +271,8 @@ class Driver:
                         if block is not None:
                             self._trace.published(EventDescriptor.from_block(block, out.event))
                 case ev.Published():
-                    if self._trace is not None and isinstance(self.core, FloodCore):
-                        # Floodsub keeps no outbox (no KeepPublished): it sends at once.
+                    if self._trace is not None and not self.core.keeps_outbox:
+                        # A core with no outbox (Floodsub) sends at once: traced here.
                         self._trace.published(out.event)
                     self._acknowledge(out.request, out.event)
                 case ev.TopicReady():
@@ -270,9 +280,7 @@ class Driver:
                 case ev.CommandFailed():
                     future = self._waiting.get(out.request)
                     if future is not None and not future.done():
-                        error = {"invalid": ValueError, "unpersisted": NotPersisted,
-                                 "unrecorded": NotRecorded}.get(out.kind, PublishError)
-                        future.set_exception(error(out.reason))
+                        future.set_exception(_FAILURES[out.kind](out.reason))
                 case ev.Rejected():
                     self.rejections += 1
                     if out.peer is None:

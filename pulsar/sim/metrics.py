@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 
 from dag import CID, PeerId
 from pulsar.proto import events as ev
-from pulsar.proto.core import PulsarCore
 
 from .network import SimNetwork, SimNode
 
@@ -160,9 +159,9 @@ def overlay_invariants(net: SimNetwork) -> dict[str, float | int]:
     near: list[float] = []
     random_links: list[float] = []
     for peer, node in net.nodes.items():
-        if peer not in overlay or not isinstance(node.core, PulsarCore):
+        if peer not in overlay:
             continue
-        for other, is_near in node.core.members.active.items():
+        for other, is_near in node.core.overlay().items():
             (near if is_near else random_links).append(net.link_latency(peer, other))
     def mean_ms(values: list[float]) -> float:
         return round(1000 * sum(values) / len(values), 1) if values else 0.0

@@ -36,6 +36,7 @@ from dht.config import DhtConfig
 
 from ..proto import events as ev
 from ..proto.core import CoreConfig, PulsarCore
+from ..proto.driven import Core
 from ..proto.floodsub import FloodCore
 from ..proto.repair_messages import Blocks
 from ..proto.wire import decode_message, encode_message
@@ -57,7 +58,7 @@ _MASK64 = (1 << 64) - 1
 @dataclass
 class SimNode:
     identity: Identity
-    core: PulsarCore | FloodCore
+    core: Core
     store: dict[CID, bytes] = field(default_factory=dict)
     delivered: dict[CID, list[EventDescriptor]] = field(default_factory=dict)
     hops: list[int] = field(default_factory=list)
@@ -176,7 +177,7 @@ class SimNetwork:
             self._order.append(node)
             self.input(me, ev.Start())  # as Node.start does once its DHT has contacts
 
-    def _core(self, node: SimNode, routing: KnownPeers) -> PulsarCore | FloodCore:
+    def _core(self, node: SimNode, routing: KnownPeers) -> Core:
         if self.protocol == "floodsub":
             return FloodCore(node.identity, routing, lookup=node.store.get)
         return PulsarCore(
@@ -222,11 +223,14 @@ class SimNetwork:
     # ------------------------------------------------------------------ driving
 
     def overlay(self) -> dict[PeerId, set[PeerId]]:
-        """The membership layer's active view of every live Pulsarcast node."""
+        """The membership layer's active view of every live node (none under Floodsub,
+        which has no overlay)."""
+        if self.protocol != "pulsarcast":
+            return {}
         return {
-            peer: set(node.core.members.active)
+            peer: set(node.core.overlay())
             for peer, node in self.nodes.items()
-            if node.alive and isinstance(node.core, PulsarCore)
+            if node.alive
         }
 
     def node(self, index: int) -> SimNode:
@@ -459,9 +463,7 @@ class SimNetwork:
         replicas acknowledged (a round trip); short of that, only when the lost STOREs'
         RPC timeout has passed."""
         rtt = self._round_trip(node, acked)
-        core = node.core
-        needed = core.config.min_acks if isinstance(core, PulsarCore) else 1
-        if lost and len(acked) < needed:
+        if lost and len(acked) < node.core.min_acks:
             return max(rtt, DHT_RPC_TIMEOUT)
         return rtt
 

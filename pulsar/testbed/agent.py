@@ -45,7 +45,6 @@ from ..config import NodeConfig
 from ..net.faults import FaultInjector
 from ..netlab.netns import enter
 from ..node import Node, NotPersisted, PublishError
-from ..proto.core import PulsarCore
 from .trace import TraceWriter
 from .tracer import NodeTracer
 
@@ -213,12 +212,10 @@ class _Agent(CommandWorker):
         transport = node.transport.stats
         dht = node.dht.stats
         overlay: dict[str, list[float | bool | None]] = {}
-        core = node.core
-        members = core.members.active if isinstance(core, PulsarCore) else {}
-        for peer, near in members.items():
-            assert isinstance(core, PulsarCore)  # members come from its overlay alone
-            estimate = core.rtt.get(peer)
-            srtt = None if estimate is None else round(estimate.srtt * 1000, 1)
+        rtts = node.core.rtt_snapshot()
+        for peer, near in node.core.overlay().items():
+            measured = rtts.get(peer)
+            srtt = None if measured is None else round(measured[0] * 1000, 1)
             overlay[str(peer)] = [srtt, near]
         trees = {str(view.topic): [sorted(map(str, view.parents)),
                                    sorted(map(str, view.children))]
