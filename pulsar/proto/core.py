@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import assert_never
+from typing import Final, assert_never
 
 from dag import (
     CID,
@@ -96,6 +96,9 @@ from .tree import Routing, Tree, TreeRouter, TreeView
 from .versions import TopicVersions
 
 __all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
+
+_SHARED_NAMES: Final = frozenset({"duplicates", "rejected"})
+"""Counters of the core whose names the ordering layer uses too (see ``counters``)."""
 
 _STALE_TOLD = 64
 """Peers remembered per tree as told LEAVE for a stale edge (a bound on what duplicates
@@ -180,7 +183,6 @@ class PulsarCore(Publishing, VersionAdoption):
         """Trees whose sync waits only for their JOIN to be answered (or to act as root)."""
         self.metrics: dict[str, int] = {
             "events_received": 0,
-            "delivered": 0,
             "duplicates": 0,
             "forwarded": 0,
             "rejected": 0,
@@ -265,9 +267,17 @@ class PulsarCore(Publishing, VersionAdoption):
         return None if t is None else self._parent_for(t)
 
     def counters(self) -> dict[str, int]:
-        """The counters of the tree core and its repair layers, in one dict."""
+        """The counters of the tree core and its repair layers, in one dict. The layers'
+        names are their own; the core's that a layer also uses are renamed here, so that
+        neither hides the other: ``tree_duplicates`` (copies that came down the tree
+        again), ``inputs_rejected`` (inputs the core refused), while ``duplicates``,
+        ``rejected`` and ``delivered`` are the ordering layer's (what reached
+        applications)."""
+        own = {k: v for k, v in self.metrics.items() if k not in _SHARED_NAMES}
         return {
-            **self.metrics, **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics,
+            **own, "tree_duplicates": self.metrics["duplicates"],
+            "inputs_rejected": self.metrics["rejected"],
+            **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics,
             **self.members.metrics,
         }
 

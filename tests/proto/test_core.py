@@ -491,3 +491,20 @@ def test_unanswered_join_counts_as_a_failed_attempt() -> None:
     core.handle(ev.TimerFired(RetryParent(topic.cid, parent)), 4.6)
     core.handle(ev.Received(parent, Joined(topic.cid, ())), 4.7)
     assert core.handle(ev.TimerFired(JoinTimeout(topic.cid, parent)), 6.6) == []
+
+
+def test_counters_keep_the_core_and_the_ordering_layer_apart() -> None:
+    """The core and the ordering layer both count duplicates and rejections; the merged
+    counters keep both (the layer's under the plain name, the core's renamed)."""
+    net, author = _network(3, bucket_size=None)
+    topic = _topic(author.identity)
+    nodes = list(net.nodes.values())
+    _subscribe_all(net, topic, nodes)
+    core = author.core
+    assert isinstance(core, PulsarCore)
+    core.metrics["duplicates"] = 7
+    core.metrics["rejected"] = 5
+    core.backfill._counts["duplicates"] = 2
+    counted = core.counters()
+    assert counted["tree_duplicates"] == 7 and counted["inputs_rejected"] == 5
+    assert counted["duplicates"] == 2 and "delivered" in counted
