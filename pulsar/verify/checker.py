@@ -485,9 +485,12 @@ class _Checker:
         elif f == "pause":
             self._stop_begins(_target(op), op.index)
         elif f in ("restart", "resume"):
+            node = _target(op)
+            if f == "resume" and node in self.down:
+                return  # SIGCONT to a killed node: it stays down until its restart
             if f == "restart":
-                self.down.discard(_target(op))
-            self._stop_ends(_target(op), op.index)
+                self.down.discard(node)
+            self._stop_ends(node, op.index)
             self.recoveries.append(op)
         elif f in _RECOVERIES:
             self.recoveries.append(op)

@@ -469,6 +469,26 @@ def test_convergence_leaves_out_a_node_killed_before_it_caught_up() -> None:
     assert result.ok
 
 
+def test_a_pause_of_a_killed_node_does_not_bring_it_back() -> None:
+    """The schedule may pause a node that a kill already took down: the SIGSTOP and
+    SIGCONT reach no process. The resume is no recovery and does not make the node
+    count as running: its catch-up is its restart's to measure (the 25-node seed 5 once
+    charged a dead node's end-of-run catch-up, 42.9 s, to such a resume)."""
+    b = Builder()
+    b.subscribe(1, T1)
+    b.subscribe(2, T1)
+    b.at(5).nemesis("kill", node=2)
+    b.at(10).publish(0, T1, "e1", "c1")
+    b.deliver(1, T1, "c1", 0)
+    b.at(20).nemesis("pause", node=2)
+    b.at(25).nemesis("resume", node=2)  # 2 is still dead
+    b.at(60).nemesis("restart", node=2)
+    b.at(62).deliver(2, T1, "c1", 0)
+    result = b.check()
+    assert result.converge == [2.0]  # the restart's alone
+    assert result.ok
+
+
 def test_convergence_cut_into_by_the_next_fault_is_kept_apart() -> None:
     """A heal followed at once by a partition: the wait that follows is partly the
     partition's; it stays in ``converge`` but not in ``converge_uninterrupted``."""
