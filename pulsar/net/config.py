@@ -78,6 +78,10 @@ class TransportStats:
     """DATA frames handed to the network (written, or put on a fault-injected delay line)."""
     bytes_sent: int = 0
     """Payload bytes of :attr:`frames_sent` (framing overhead not included)."""
+    wire_bytes_sent: int = 0
+    """Every byte handed to the sockets: handshake messages, and after them whole records
+    (length prefixes, frame headers, AEAD tags) carrying DATA, PING, PONG and GOAWAY
+    frames alike. TCP/IP headers and retransmissions are the kernel's and not counted."""
     frames_received: int = 0
     """DATA frames delivered to ``on_frame``."""
     bytes_received: int = 0

@@ -510,13 +510,18 @@ class Connection(asyncio.Protocol):
         if self._transport is None or self.state is ConnState.CLOSED:
             return
         cipher = self._send_cipher
+        stats = self._owner.stats
         if cipher is None:
             self._transport.write(data)
+            stats.wire_bytes_sent += len(data)
             return
         try:
-            self._transport.write(seal(cipher, data))
+            record = seal(cipher, data)
         except NoiseError as exc:  # 2^64 - 1 records sent: the session must end
             self._fail(f"cannot send: {exc}")
+            return
+        self._transport.write(record)
+        stats.wire_bytes_sent += len(record)
 
     def _set_timer(self, delay: float, callback: Callable[[], None]) -> None:
         if self._timer is not None:

@@ -29,3 +29,9 @@ async def test_topics_bench_restarts_and_reattaches_every_tree() -> None:
     assert 0 <= figures["idle_bytes_per_s"] <= 5000
     assert abs(figures["idle_bytes_per_s"] - figures["idle_pubsub_bytes_per_s"]
                - figures["idle_dht_bytes_per_s"]) <= 1  # each rounded to the byte
+    # The sockets carry at least the frames' payloads (headers and tags come on top).
+    assert figures["idle_pubsub_bytes_per_s"] >= figures["idle_payload_bytes_per_s"]
+    # An hour's upkeep republishes what the nodes hold (20 topics and their meta topics,
+    # versions and heads records at least): it sends something, spread over the hour.
+    assert figures["hourly_cycle_bytes"] > 20 * 100
+    assert figures["idle_bytes_per_s_with_upkeep"] >= figures["idle_bytes_per_s"]
