@@ -520,7 +520,18 @@ class PulsarCore(Publishing, VersionAdoption):
         for waiting in tree.waiting:
             if isinstance(waiting, ev.Publish):
                 out.append(ev.CommandFailed(waiting.request, "unsubscribed before publishing"))
-        return out
+        return out + self._leave_meta(tree.topic, now)
+
+    def _leave_meta(self, topic: TopicDescriptor, now: float) -> Out:
+        """Leave ``topic``'s meta topic too, once no tree this node is in still names it:
+        it was joined for ``topic`` alone (``_join_meta``). The author stays: it is the
+        meta topic's root, where the versions come from."""
+        meta = topic.meta
+        if meta is None or topic.author == self.me or meta not in self._trees:
+            return []
+        if any(t.topic.meta == meta for t in self._trees.values()):
+            return []
+        return self._on_unsubscribe(ev.Unsubscribe(meta), now)
 
     def _on_received(self, peer: PeerId, message: ev.Message, now: float) -> Out:
         match message:

@@ -508,3 +508,24 @@ def test_counters_keep_the_core_and_the_ordering_layer_apart() -> None:
     counted = core.counters()
     assert counted["tree_duplicates"] == 7 and counted["inputs_rejected"] == 5
     assert counted["duplicates"] == 2 and "delivered" in counted
+
+
+def test_unsubscribing_leaves_the_meta_topic_joined_for_it() -> None:
+    """A subscriber follows the topic's meta topic for that topic alone: unsubscribing
+    leaves both trees. The author stays in its meta tree (its root)."""
+    net, author = _network(6, bucket_size=None)
+    meta = TopicDescriptor.create(author.identity, "t/meta")
+    topic = TopicDescriptor.create(author.identity, "t", meta=meta.cid)
+    nodes = list(net.nodes.values())
+    for node in nodes:
+        node.store[meta.cid] = meta.block  # as a node that read it from the DHT holds it
+    _subscribe_all(net, topic, nodes)
+    reader = nodes[3]
+    assert reader.core.tree(meta.cid) is not None
+    net.input(reader.peer_id, ev.Unsubscribe(topic.cid))
+    net.settle()
+    assert reader.core.tree(topic.cid) is None
+    assert reader.core.tree(meta.cid) is None
+    net.input(author.peer_id, ev.Unsubscribe(topic.cid))
+    net.settle()
+    assert author.core.tree(meta.cid) is not None
