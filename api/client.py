@@ -13,27 +13,32 @@ waits for each call.
 Events and topics come back as the JSON objects the API documents (plain dicts), so what a
 script reads is what ``curl`` shows; :func:`payload_of` decodes an event's payload bytes,
 :func:`payload_value` gives it back as it was published (JSON value, text or bytes).
+
+The client is three modules, each importing only aiohttp and the standard library: the
+request plumbing and :class:`ApiError` (:mod:`api.client_http`), the history and live
+streams (:mod:`api.client_streams`), and this one, the endpoint methods of
+:class:`PulsarcastClient`, the blocking :class:`Client` and the payload helpers. Import
+everything from here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Generator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Generator, Mapping
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Final, TypeVar
-from urllib.parse import quote
 
-import aiohttp
+from .client_http import MAX_BODY as MAX_BODY
+from .client_http import MAX_LINE as MAX_LINE
+from .client_http import PROBLEM_BASE, ApiError, Json, _params
+from .client_streams import _ClientStreams
 
 __all__ = ["PROBLEM_BASE", "ApiError", "Client", "PulsarcastClient", "payload_of",
            "payload_value"]
 
-PROBLEM_BASE: Final = "https://pulsarcast.dev/problems/"
-Json = dict[str, Any]
 T = TypeVar("T")
 
 
@@ -46,65 +51,6 @@ class _Unset:
 
 
 UNSET: Final = _Unset()
-
-MAX_LINE: Final = 4 * 1024 * 1024
-"""Longest NDJSON or SSE line read: an event with a 1 MiB payload is ~1.4 MiB of JSON
-(aiohttp's default refuses lines over 512 KiB)."""
-MAX_BODY: Final = 16 * 1024 * 1024
-"""Largest JSON answer read whole; a node (or something posing as one) sending more is an
-error, not a memory exhaustion."""
-
-# Connection-level failures a live stream recovers from by reconnecting.
-_DROPPED = (
-    aiohttp.ClientPayloadError,
-    aiohttp.ClientConnectionError,
-    asyncio.IncompleteReadError,
-    asyncio.TimeoutError,
-    ConnectionError,
-)
-
-
-async def _read_bounded(response: aiohttp.ClientResponse) -> bytes:
-    """The whole body, refusing one over :data:`MAX_BODY` (``read(n)`` returns what is
-    buffered, so read in chunks until the end)."""
-    body = bytearray()
-    while chunk := await response.content.read(256 * 1024):
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ApiError(response.status, "answer-too-large", f"answer over {MAX_BODY} bytes",
-                           {})
-    return bytes(body)
-
-
-class ApiError(Exception):
-    """The node answered with a problem document (RFC 9457).
-
-    ``kind`` is the stable slug of the problem type (``"topic-not-found"``, ...), the thing
-    to branch on; ``detail`` is for humans; ``problem`` is the whole document.
-    """
-
-    def __init__(self, status: int, kind: str, detail: str, problem: Mapping[str, Any]) -> None:
-        super().__init__(f"{status} {kind}: {detail}")
-        self.status = status
-        self.kind = kind
-        self.detail = detail
-        self.problem = dict(problem)
-
-    @classmethod
-    async def from_response(cls, response: aiohttp.ClientResponse) -> ApiError:
-        text = await response.text(errors="replace")
-        try:
-            problem = json.loads(text)
-        except ValueError:
-            problem = None
-        if not isinstance(problem, dict):
-            # Not from the API itself (a proxy, another server on the port): keep the text.
-            problem = {"status": response.status, "detail": text[:500] or response.reason}
-        type_ = str(problem.get("type", ""))
-        kind = type_[len(PROBLEM_BASE):] if type_.startswith(PROBLEM_BASE) else (
-            type_ or f"http-{response.status}")
-        detail = str(problem.get("detail") or problem.get("title") or response.reason or "")
-        return cls(response.status, kind, detail, problem)
 
 
 def payload_of(event: Mapping[str, Any]) -> bytes:
@@ -132,108 +78,13 @@ def _payload_body(payload: bytes | bytearray | str | Any) -> Json:
     return {"json": payload}
 
 
-def _params(**values: Any) -> dict[str, str]:
-    return {k: str(v) for k, v in values.items() if v is not None}
-
-
-class _SSEParser:
-    """Server-Sent Events framing (the WHATWG rules the API needs): fields accumulate until
-    a blank line dispatches them; comment lines (heartbeats) are ignored."""
-
-    def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
-        self.event = "message"
-        self.data: list[str] = []
-        self.id: str | None = None
-
-    def feed(self, line: str) -> tuple[str, str, str | None] | None:
-        """One line without its terminator; an ``(event, data, id)`` when one completes."""
-        if not line:
-            if not self.data and self.event == "message":
-                self._reset()
-                return None
-            done = (self.event, "\n".join(self.data), self.id)
-            self._reset()
-            return done
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            self.data.append(value)
-        elif name == "event":
-            self.event = value
-        elif name == "id" and "\0" not in value:
-            self.id = value
-        return None  # "retry" and unknown fields: this client keeps its own backoff
-
-
-class PulsarcastClient:
+class PulsarcastClient(_ClientStreams):
     """The REST API of one node, asynchronously.
 
     ``token`` is needed for calls that change state. Pass ``session`` to share an aiohttp
     session (the client then leaves it open); otherwise one is created and closed with the
     client. Use as ``async with PulsarcastClient(url, token) as api: ...``.
     """
-
-    def __init__(self, base_url: str, token: str | None = None,
-                 session: aiohttp.ClientSession | None = None, *,
-                 timeout: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.token = token
-        self._session = session
-        self._own_session = session is None
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-
-    async def __aenter__(self) -> PulsarcastClient:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session belongs to the loop that is running when it is
-        # made, and the blocking facade builds the client before its loop runs anything.
-        if self._session is None:
-            # aiohttp refuses lines over twice its read buffer.
-            self._session = aiohttp.ClientSession(timeout=self._timeout,
-                                                  read_bufsize=MAX_LINE // 2)
-        return self._session
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if extra:
-            headers.update(extra)
-        return headers
-
-    async def _call(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
-                    body: Json | None = None) -> Any:
-        """One request; the JSON answer (None for 204); :class:`ApiError` for problems."""
-        async with self.session.request(method, self.base_url + path, params=params,
-                                        json=body, headers=self._headers()) as response:
-            if response.status >= 400:
-                raise await ApiError.from_response(response)
-            if response.status == 204:
-                return None
-            data = await _read_bounded(response)
-            return json.loads(data) if data else None
-
-    @staticmethod
-    def _cid(cid: str) -> str:
-        return quote(str(cid), safe="")
 
     # ------------------------------------------------------------------ topics
 
@@ -317,144 +168,6 @@ class PulsarcastClient:
     async def get_event(self, cid: str) -> Json:
         result: Json = await self._call("GET", f"/v1/events/{self._cid(cid)}")
         return result
-
-    async def history_page(self, topic: str, *, cursor: str | int | None = None,
-                           since: str | float | None = None, until: str | float | None = None,
-                           limit: int | None = None, direction: str = "forward") -> Json:
-        """One page of the delivery log: ``{"topic", "events", "next_cursor"?}``.
-        ``cursor`` is exclusive (a seq or an event CID); ``since``/``until`` are times
-        (seconds or RFC 3339); ``limit`` at most 1000."""
-        params = _params(cursor=cursor, since=since, until=until, limit=limit,
-                         direction=direction)
-        result: Json = await self._call("GET", f"/v1/topics/{self._cid(topic)}/events",
-                                        params=params)
-        return result
-
-    async def history(self, topic: str, *, cursor: str | int | None = None,
-                      since: str | float | None = None, until: str | float | None = None,
-                      direction: str = "forward", page_size: int = 1000
-                      ) -> AsyncGenerator[Json, None]:
-        """Every matching event, page after page, following ``next_cursor`` until the last
-        page; memory stays at one page whatever the length of the history."""
-        while True:
-            page = await self.history_page(topic, cursor=cursor, since=since, until=until,
-                                           limit=page_size, direction=direction)
-            for event in page["events"]:
-                yield event
-            cursor = page.get("next_cursor")
-            if cursor is None:
-                return
-
-    async def history_ndjson(self, topic: str, *, cursor: str | int | None = None,
-                             since: str | float | None = None,
-                             until: str | float | None = None, limit: int | None = None,
-                             direction: str = "forward", idle_timeout: float | None = 60.0
-                             ) -> AsyncGenerator[Json, None]:
-        """The same events as :meth:`history`, in one NDJSON response (one request, no
-        page limit), parsed line by line as they arrive."""
-        params = _params(cursor=cursor, since=since, until=until, limit=limit,
-                         direction=direction, format="ndjson")
-        async for event in self._ndjson(f"/v1/topics/{self._cid(topic)}/events", params,
-                                        idle_timeout):
-            yield event
-
-    async def replay(self, topic: str, *, since: str | float | None = None,
-                     until: str | float | None = None, limit: int | None = None,
-                     partial: bool = False,
-                     idle_timeout: float | None = 300.0) -> AsyncGenerator[Json, None]:
-        """The topic's history found from its CID alone, oldest first in causal order
-        (``GET /v1/topics/{cid}/replay``): works through a node that never followed the
-        topic, with every publisher offline. ``since`` (exclusive) and ``until``
-        (inclusive) take an event CID or a time. The node walks the whole range before it
-        answers, hence the long default ``idle_timeout``. A history the network could not
-        give whole raises :class:`ApiError` ``replay-incomplete`` (503, retry later) unless
-        ``partial`` asks for what was found."""
-        params = _params(since=since, until=until, limit=limit,
-                         partial="true" if partial else None)
-        async for event in self._ndjson(f"/v1/topics/{self._cid(topic)}/replay", params,
-                                        idle_timeout):
-            yield event
-
-    async def _ndjson(self, path: str, params: Mapping[str, str],
-                      idle_timeout: float | None) -> AsyncGenerator[Json, None]:
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
-        async with self.session.get(
-            f"{self.base_url}{path}", params=params,
-            headers=self._headers({"Accept": "application/x-ndjson"}), timeout=timeout,
-        ) as response:
-            if response.status >= 400:
-                raise await ApiError.from_response(response)
-            async for raw in response.content:
-                line = raw.strip()
-                if line:
-                    yield json.loads(line)
-
-    # ------------------------------------------------------------------ live
-
-    async def live(self, topic: str, from_: str | int = "latest",
-                   last_event_id: str | int | None = None, *, max_retries: int = 5,
-                   backoff: float = 0.1, max_backoff: float = 5.0,
-                   idle_timeout: float | None = 60.0) -> AsyncGenerator[Json, None]:
-        """Events of a subscribed topic as the node delivers them, for as long as the node
-        stays subscribed (the stream's ``end`` event stops the iterator).
-
-        ``from_`` is ``"earliest"``, ``"latest"``, a seq (events *after* it), an event CID or
-        a time; ``last_event_id`` resumes after a seq seen earlier and wins over ``from_``.
-        Each event carries its delivery-log ``seq``. A dropped connection (or one silent for
-        ``idle_timeout`` s, several server heartbeats) is reopened with ``Last-Event-ID``
-        set to the last seq yielded, so nothing is skipped or repeated; after
-        ``max_retries`` failed reconnections in a row the last error is raised. Problem
-        answers (4xx) are raised at once: retrying cannot fix them.
-        """
-        last: str | None = None if last_event_id is None else str(last_event_id)
-        start = str(from_)
-        if last is None and start == "latest":
-            # Pin "latest" to a seq now: a reconnection before the first event must resume
-            # from here, not from whatever is latest by then.
-            page = await self.history_page(topic, direction="backward", limit=1)
-            last = str(page["events"][0]["seq"]) if page["events"] else "0"
-        failures = 0
-        url = f"{self.base_url}/v1/topics/{self._cid(topic)}/stream"
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
-        while True:
-            headers = self._headers({"Accept": "text/event-stream"})
-            params: dict[str, str] | None = {"from": start}
-            if last is not None:
-                headers["Last-Event-ID"] = last
-                params = None
-            try:
-                async with self.session.get(url, params=params, headers=headers,
-                                            timeout=timeout) as response:
-                    if response.status >= 500:
-                        raise aiohttp.ClientResponseError(
-                            response.request_info, (), status=response.status,
-                            message=response.reason or "")
-                    if response.status >= 400:
-                        raise await ApiError.from_response(response)
-                    parser = _SSEParser()
-                    while True:
-                        raw = await response.content.readline()
-                        if not raw:
-                            break  # closed without "end": a drop, reconnect
-                        done = parser.feed(raw.decode().rstrip("\r\n"))
-                        if done is None:
-                            continue
-                        kind, data, seq = done
-                        if kind == "end":
-                            return
-                        if kind != "event":
-                            continue
-                        event = json.loads(data)
-                        last = seq if seq is not None else str(event.get("seq", last))
-                        failures = 0
-                        yield event
-            except ApiError:
-                raise
-            except (*_DROPPED, aiohttp.ClientResponseError):
-                failures += 1
-                if failures > max_retries:
-                    raise
-            await asyncio.sleep(min(max_backoff, backoff * 2 ** max(0, failures - 1)))
 
     # ------------------------------------------------------------------ the node
 

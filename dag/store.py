@@ -3,15 +3,20 @@
 One database holds the blocks, the DHT records, the subscriptions, the per-topic heads and
 the per-subscription delivery log whose local sequence numbers are what REST cursors, stream
 resume and Spark offsets refer to (``docs/architecture.md``, "The store"). Each layer owns the
-code of its own tables; this module owns the file:
+code of its own tables; this module, with the two beside it, owns the file:
 
 * opening it, checking it is a pulsarcast database this build understands, WAL mode and the
-  ``synchronous`` setting, the schema version and its migrations, and the DDL of every table
-  (a schema version is the whole file's, so its tables are created and migrated together);
+  ``synchronous`` setting (:mod:`dag.store_file`), the schema version and its migrations,
+  and the DDL of every table (:mod:`dag.store_schema`; a schema version is the whole
+  file's, so its tables are created and migrated together);
 * the data model's tables, ``blocks`` and ``block_keys``, and their methods on
-  :class:`BlockStore`;
+  :class:`BlockStore` (here);
 * the small interface the other owners use, :meth:`BlockStore.connection` and
-  :meth:`BlockStore.transaction`.
+  :meth:`BlockStore.transaction` (here).
+
+The opening and the schema are modules of their own so that this one holds what the node
+calls at run time; :class:`BlockStore` opens its file through :mod:`dag.store_file`, and
+:data:`SCHEMA_VERSION`, :data:`APPLICATION_ID` and :class:`StoreError` are re-exported here.
 
 The other owners are classes of the layers above, each made on the :class:`BlockStore` it
 works on (they import this module; it imports neither)::
@@ -25,25 +30,8 @@ version and one migration path, one file to back up or move, and statements and
 transactions that may span the tables of several owners (``NodeState.log_blocks`` reads the
 delivery log joined with ``blocks``, in one query).
 
-Tables (schema version :data:`SCHEMA_VERSION`, kept in ``PRAGMA user_version``; the file is
-marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
-
-    blocks        cid → data, stored_at, pinned (1: the node needs it; 0: held for the DHT)
-    block_keys    key → cid                      sha1 of each stored block's binary CID,
-                                                 the DHT key it is looked up under
-                                                 (schema 4): the node answers FIND_VALUE
-                                                 for its own blocks (``block_for_key``)
-    dht_records   key → value, stored_at, republished_at
-    subscriptions topic → created_at, active
-    heads         (topic, event)                 the current heads of a topic's event DAG
-    delivery_log  (topic, seq) → event, delivered_at; UNIQUE (topic, event)
-    log_state     topic → last_seq, last_at      the per-topic high-water mark of the log
-    topic_latest  topic → version                the latest version of a topic the node
-                                                 knows (schema 2), so a restart judges and
-                                                 updates by it
-    outbox        (topic, event) → published_at  this node's own published events not yet
-                                                 delivered (logged) here (schema 3): a
-                                                 restart announces them again
+The tables of every owner, and the schema version that added each, are listed in
+:mod:`dag.store_schema`.
 
 Crash safety. The database runs in WAL mode with ``synchronous=NORMAL`` by default. A commit
 appends its pages to the ``-wal`` file and ends with a commit frame; every frame carries a
@@ -77,162 +65,13 @@ from typing import Final, Self
 
 from .cid import CID
 from .errors import CIDMismatch
+from .store_file import StoreError, check_synchronous, open_database, write_transaction
+from .store_schema import APPLICATION_ID, SCHEMA_VERSION, _sha1
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "BlockStore", "StoreError"]
 
-SCHEMA_VERSION: Final = 4
-"""The schema this build writes; a file with a higher ``user_version`` is refused."""
-
-APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
-"""Written to ``PRAGMA application_id`` so a pulsarcast database can be told from any other
-SQLite file (``file(1)`` also shows it)."""
-
-_SYNCHRONOUS: Final = frozenset({"NORMAL", "FULL", "EXTRA"})  # OFF is not crash-safe
-_SQLITE_MAGIC: Final = b"SQLite format 3\x00"
-_SQLITE_CORRUPT: Final = 11
-_SQLITE_NOTADB: Final = 26
 _PAGE: Final = 1000  # rows per query when iterating, so iteration memory stays bounded
 _IN_CHUNK: Final = 500  # CIDs per ``IN (...)`` query, well under SQLite's variable limit
-
-# The publisher's own acknowledged events until it has delivered them itself. A publish is
-# acknowledged once the DHT quorum stored the event; if the one copy sent down the tree is
-# lost and the node is killed before HEADS or IHAVE told anyone, nothing but this row names
-# the event: a restart learns these as heads and announces them.
-_OUTBOX: Final = """CREATE TABLE IF NOT EXISTS outbox (
-        topic        BLOB NOT NULL,
-        event        BLOB NOT NULL,
-        published_at REAL NOT NULL,
-        PRIMARY KEY (topic, event)
-    ) WITHOUT ROWID"""
-
-# The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
-# cannot be inverted: this index maps each stored block's key back to its CID, so a node
-# serves its own blocks (the events it delivered or published, pinned) to FIND_VALUE like
-# the records it holds for the network. Written in the same transaction as the block.
-_BLOCK_KEYS: Final = """CREATE TABLE IF NOT EXISTS block_keys (
-        key BLOB PRIMARY KEY,
-        cid BLOB NOT NULL
-    ) WITHOUT ROWID"""
-_SHA1_SQL: Final = "pulsarcast_sha1"
-"""A function the connection defines (``_open``) for the schema 3 -> 4 migration only;
-nothing stored in the schema refers to it, so other SQLite clients can still write."""
-
-# The DDL of every table in the file, whoever owns it (the module docstring): the schema
-# version, creation and migrations are the file's, so they are kept in one place. An owner
-# changing its tables bumps SCHEMA_VERSION and adds a step to _MIGRATIONS here.
-_SCHEMA: Final = (
-    # -- the data model's (this module): blocks, and block_keys below ----------------------
-    # A rowid table, not WITHOUT ROWID: measured on 20,000 random 300-byte blocks in 500-block
-    # batches, WITHOUT ROWID put 3x slower (≈20k/s vs ≈60k/s) and got no faster (≈70k/s both);
-    # with 2 kB and 16 kB blocks it was slower at both. SQLite's own advice is that WITHOUT
-    # ROWID pays only for rows under ~1/20 of a page, and blocks are bigger than that.
-    """CREATE TABLE blocks (
-        cid       BLOB PRIMARY KEY,
-        data      BLOB NOT NULL,
-        stored_at REAL NOT NULL,
-        pinned    INTEGER NOT NULL DEFAULT 1 CHECK (pinned IN (0, 1))
-    )""",
-    # -- the DHT's (dht.record_table) ------------------------------------------------------
-    """CREATE TABLE dht_records (
-        key            BLOB PRIMARY KEY,
-        value          BLOB NOT NULL,
-        stored_at      REAL NOT NULL,
-        republished_at REAL NOT NULL
-    )""",
-    # Expiry and republishing scan by time every few minutes; the indexes make those scans
-    # proportional to what they return, not to the table.
-    "CREATE INDEX dht_records_stored_at ON dht_records (stored_at)",
-    "CREATE INDEX dht_records_republished_at ON dht_records (republished_at)",
-    # -- the node runtime's (pulsar.runtime.node_state), up to the outbox -----------------
-    """CREATE TABLE subscriptions (
-        topic      BLOB PRIMARY KEY,
-        created_at REAL NOT NULL,
-        active     INTEGER NOT NULL CHECK (active IN (0, 1))
-    )""",
-    # Small rows keyed by a composite primary key: the case WITHOUT ROWID is made for (no
-    # hidden rowid and no second index for the key).
-    """CREATE TABLE heads (
-        topic BLOB NOT NULL,
-        event BLOB NOT NULL,
-        PRIMARY KEY (topic, event)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE delivery_log (
-        topic        BLOB NOT NULL,
-        seq          INTEGER NOT NULL CHECK (seq > 0),
-        event        BLOB NOT NULL,
-        delivered_at REAL NOT NULL,
-        PRIMARY KEY (topic, seq)
-    ) WITHOUT ROWID""",
-    "CREATE UNIQUE INDEX delivery_log_event ON delivery_log (topic, event)",
-    "CREATE INDEX delivery_log_time ON delivery_log (topic, delivered_at, seq)",
-    # The high-water mark lives apart from the log so that a sequence number is never handed
-    # out twice, even after the latest entries have been pruned.
-    """CREATE TABLE log_state (
-        topic    BLOB PRIMARY KEY,
-        last_seq INTEGER NOT NULL,
-        last_at  REAL NOT NULL
-    )""",
-    """CREATE TABLE topic_latest (
-        topic   BLOB PRIMARY KEY,
-        version BLOB NOT NULL
-    )""",
-    _OUTBOX,
-    _BLOCK_KEYS,
-    f"PRAGMA application_id = {APPLICATION_ID}",
-    f"PRAGMA user_version = {SCHEMA_VERSION}",
-)
-_MIGRATIONS: Final = {
-    # 1 -> 2: durable topic versions.
-    1: (
-        "CREATE TABLE IF NOT EXISTS topic_latest (topic BLOB PRIMARY KEY, version BLOB NOT NULL)",
-        "PRAGMA user_version = 2",
-    ),
-    # 2 -> 3: the publisher's outbox.
-    2: (_OUTBOX, "PRAGMA user_version = 3"),
-    # 3 -> 4: blocks by DHT key.
-    3: (
-        _BLOCK_KEYS,
-        f"INSERT OR IGNORE INTO block_keys (key, cid) SELECT {_SHA1_SQL}(cid), cid FROM blocks",
-        "PRAGMA user_version = 4",
-    ),
-}
-_TABLES: Final = frozenset(
-    {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
-     "topic_latest", "outbox", "block_keys"}
-)
-
-
-class StoreError(RuntimeError):
-    """The database file cannot be used: it is not a pulsarcast database, it is corrupt or
-    truncated, or it was written by a newer pulsarcast. Not a ``ValueError``: nothing a peer
-    sends can cause it, only the state of the local disk."""
-
-
-class _CorruptionGuard:
-    """Turns SQLite's "corrupt" and "not a database" errors into :class:`StoreError` naming
-    the file; entering it gives the connection (:meth:`BlockStore.connection`). A reusable
-    object rather than a ``@contextmanager`` because it wraps every read on the hot path, and
-    ``__enter__``/``__exit__`` on a plain object cost far less."""
-
-    __slots__ = ("_conn", "_path")
-
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
-        self._conn = conn
-        self._path = path
-
-    def __enter__(self) -> sqlite3.Connection:
-        return self._conn
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if isinstance(exc, sqlite3.DatabaseError):
-            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # extended → primary code
-            if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-                raise StoreError(f"{self._path}: damaged pulsarcast database: {exc}") from exc
 
 
 class BlockStore:
@@ -266,110 +105,13 @@ class BlockStore:
         synchronous: str = "NORMAL",
         cache_size: int = 2048,
     ) -> None:
-        sync = synchronous.upper()
-        if sync not in _SYNCHRONOUS:
-            raise ValueError(
-                f"synchronous must be one of {sorted(_SYNCHRONOUS)}, got {synchronous!r}"
-            )
+        sync = check_synchronous(synchronous)
         if cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         self._path = os.fspath(path)
         self._cache_size = cache_size
         self._cache: OrderedDict[CID, bytes] = OrderedDict()
-        in_memory = self._path == ":memory:"
-        if not in_memory:
-            _check_file_header(self._path)
-        self._conn = sqlite3.connect(
-            self._path, isolation_level=None, check_same_thread=False
-        )  # isolation_level=None: autocommit; every multi-statement write says BEGIN itself
-        self._guard = _CorruptionGuard(self._conn, self._path)
-        try:
-            with self._guard:
-                self._open(sync, in_memory)
-        except BaseException:
-            self._conn.close()
-            raise
-
-    def _open(self, synchronous: str, in_memory: bool) -> None:
-        """Check whose file this is before changing anything in it, then configure the
-        connection and create the schema if the file is new."""
-        conn = self._conn
-        conn.execute("PRAGMA busy_timeout = 5000")  # a backup or sqlite3 shell may hold a lock
-        fresh = self._check_identity()
-        if not in_memory:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"{self._path}: cannot use WAL mode (got {mode!r})")
-        conn.execute(f"PRAGMA synchronous = {synchronous}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("PRAGMA journal_size_limit = 67108864")  # truncate the WAL back to 64 MiB
-        conn.execute("PRAGMA cache_size = -8192")  # 8 MiB of SQLite page cache
-        conn.create_function(_SHA1_SQL, 1, _sha1, deterministic=True)
-        if fresh:
-            with self._transaction():
-                # Re-checked under the write lock: another process may have created it since.
-                if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
-            self._check_identity()
-        self._migrate()
-        tables = {
-            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        if missing := _TABLES - tables:
-            raise StoreError(
-                f"{self._path}: pulsarcast database is missing tables {sorted(missing)}"
-            )
-
-    def _check_identity(self) -> bool:
-        """True if the file is empty (to be created); raise :class:`StoreError` unless it is a
-        pulsarcast database of a schema this build understands."""
-        conn = self._conn
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if (
-            app_id == 0
-            and version == 0
-            and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
-        ):
-            return True
-        if app_id != APPLICATION_ID:
-            raise StoreError(
-                f"{self._path} is an SQLite database but not a pulsarcast one "
-                f"(application_id {app_id:#x}, expected {APPLICATION_ID:#x})"
-            )
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self._path} was written by a newer pulsarcast (schema version {version}; "
-                f"this build understands up to {SCHEMA_VERSION}): upgrade pulsarcast, or use "
-                "another data directory"
-            )
-        if version < SCHEMA_VERSION and version not in _MIGRATIONS:
-            raise StoreError(f"{self._path}: unknown pulsarcast schema version {version}")
-        return False
-
-    def _migrate(self) -> None:
-        """Bring an older schema up to :data:`SCHEMA_VERSION`, one step per transaction."""
-        conn = self._conn
-        while (version := conn.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
-            with self._transaction():
-                for statement in _MIGRATIONS[version]:
-                    conn.execute(statement)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: committed if the block finishes, rolled back otherwise.
-        ``BEGIN IMMEDIATE`` takes the write lock up front, so a transaction never fails
-        half-way because another connection started writing first."""
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # SQLite rolls back by itself on some errors
-                conn.execute("ROLLBACK")
-            raise
+        self._conn, self._guard = open_database(self._path, sync)
 
     # -- the file, for the owners of the other tables ---------------------------------------
 
@@ -408,7 +150,7 @@ class BlockStore:
         touch the tables of any owner: they are in one file, under one WAL. Errors are
         translated as in :meth:`connection`. Not reentrant (SQLite has no nested ``BEGIN``).
         """
-        with self._guard, self._transaction() as conn:
+        with self._guard, write_transaction(self._conn) as conn:
             yield conn
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -453,7 +195,7 @@ class BlockStore:
         block pinned pins it; storing it unpinned never unpins it.
         """
         block = _verified(cid, block)
-        with self._guard, self._transaction() as conn:
+        with self._guard, write_transaction(self._conn) as conn:
             new = (
                 conn.execute(
                     "INSERT OR IGNORE INTO blocks (cid, data, stored_at, pinned) "
@@ -489,7 +231,7 @@ class BlockStore:
             checked.append((cid, block))
         if not rows:
             return 0
-        with self._guard, self._transaction() as conn:
+        with self._guard, write_transaction(self._conn) as conn:
             new = conn.executemany(
                 "INSERT OR IGNORE INTO blocks (cid, data, stored_at, pinned) VALUES (?, ?, ?, ?)",
                 rows,
@@ -560,7 +302,7 @@ class BlockStore:
     def delete(self, cid: CID) -> bool:
         """Remove the block under ``cid``; True if there was one."""
         self._cache.pop(cid, None)
-        with self._guard, self._transaction() as conn:
+        with self._guard, write_transaction(self._conn) as conn:
             conn.execute("DELETE FROM block_keys WHERE key = ?", (_sha1(cid.raw),))
             return conn.execute("DELETE FROM blocks WHERE cid = ?", (cid.raw,)).rowcount == 1
 
@@ -621,11 +363,6 @@ class BlockStore:
             cache.popitem(last=False)
 
 
-def _sha1(data: bytes) -> bytes:
-    """The DHT key of a binary CID (``dht.keys.dht_key``, which this layer cannot import)."""
-    return hashlib.sha1(bytes(data)).digest()
-
-
 def _verified(cid: CID, block: bytes) -> bytes:
     """``block`` as ``bytes`` if it hashes to ``cid``; raise :class:`CIDMismatch` otherwise."""
     if not isinstance(cid, CID):
@@ -645,41 +382,3 @@ def _verified(cid: CID, block: bytes) -> bytes:
     if not ok:
         raise CIDMismatch(f"block of {len(block)} bytes does not hash to {cid}")
     return block
-
-
-def _check_file_header(path: str) -> None:
-    """Refuse, before SQLite touches it, a file that is not an SQLite database or is shorter
-    than its own header says (a truncated copy). Cheap: reads 100 bytes and a file size.
-
-    The size check is skipped when a non-empty ``-wal`` file exists: the WAL may legitimately
-    hold pages the main file does not have yet. A missing or empty file is a new database.
-    """
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        return
-    if size == 0:
-        return
-    with open(path, "rb") as f:
-        header = f.read(100)
-    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
-        raise StoreError(f"{path} is not a pulsarcast database (not an SQLite file)")
-    page_size = int.from_bytes(header[16:18], "big")
-    if page_size == 1:
-        page_size = 65536
-    if page_size < 512 or page_size & (page_size - 1):
-        raise StoreError(f"{path}: damaged SQLite header (page size {page_size})")
-    try:
-        if os.path.getsize(path + "-wal") > 0:
-            return
-    except FileNotFoundError:
-        pass
-    if size % page_size:
-        raise StoreError(
-            f"{path} is truncated: {size} bytes is not a whole number of {page_size}-byte pages"
-        )
-    pages = int.from_bytes(header[28:32], "big")
-    # The in-header page count is trusted only when the change counter matches the
-    # "version-valid-for" number (https://www.sqlite.org/fileformat.html#in_header_database_size).
-    if pages and header[24:28] == header[92:96] and size < pages * page_size:
-        raise StoreError(f"{path} is truncated: {size} bytes, its header says {pages * page_size}")
