@@ -83,7 +83,7 @@ class DhtConfig:
     stored it here, which counts as a republish)."""
     returning_window: float = 3600.0
     """A contact that went silent and is back under the same id within this many seconds
-    restarted with its store and gets no hand-off (see ``PulsarProtocol._returning``); at
+    restarted with its store and gets no hand-off (see ``ContactLiveness._returning``); at
     most ``republish_interval``, after which what it missed has been republished to it
     anyway. 0 hands off to every returning contact."""
     record_ttl: float = 86400.0

@@ -1,7 +1,8 @@
 """The ``dht_records`` table: the DHT records a node holds for the network, in its SQLite file.
 
-The DHT owns this table; the file is the node's one database (:mod:`dag.store`), which also
-keeps the table's DDL, its indexes and the schema version (one per file, so the tables of
+The DHT owns this table; the file is the node's one database (:mod:`dag.store`), whose schema
+(:mod:`dag.store_schema`) also holds the table's DDL, its indexes and the schema version
+(one per file, so the tables of
 every layer are created and migrated in one place). :class:`RecordTable` is the only code
 that reads or writes the table. It knows nothing of verification, quotas or group commit:
 :class:`dht.storage.RecordStorage` decides what is written, this class how.

@@ -15,8 +15,11 @@ Modules: :mod:`~pulsar.net.framing` (frames, and the wire format notes),
 :mod:`~pulsar.net.noise` (the Noise primitives), :mod:`~pulsar.net.handshake` (sans-I/O
 handshake and identity binding), :mod:`~pulsar.net.secure` (records: sealing and opening the
 frame stream), :mod:`~pulsar.net.connection` (one TCP connection),
-:mod:`~pulsar.net.transport` (peers, queues, dialing), :mod:`~pulsar.net.faults`,
-:mod:`~pulsar.net.config`, :mod:`~pulsar.net.errors`, :mod:`~pulsar.net.bench`.
+:mod:`~pulsar.net.transport` (the public face: sending, probing, closing) with
+:mod:`~pulsar.net.peer` (per-peer queues and the write path), :mod:`~pulsar.net.dialer`
+(dialing and reconnect) and :mod:`~pulsar.net.registry` (the connections, duplicates, peers up
+and down), :mod:`~pulsar.net.faults`, :mod:`~pulsar.net.config`, :mod:`~pulsar.net.errors`,
+:mod:`~pulsar.net.bench`.
 """
 
 from .config import TransportConfig, TransportStats

@@ -2,7 +2,8 @@
 the publisher's outbox and the delivery log.
 
 The runtime (:class:`pulsar.Node`) owns these tables; the file is the node's one database
-(:mod:`dag.store`), which also keeps their DDL and the schema version (one per file, so the
+(:mod:`dag.store`), whose schema (:mod:`dag.store_schema`) also holds their DDL and the
+schema version (one per file, so the
 tables of every layer are created and migrated in one place). :class:`NodeState` is the only
 code that reads or writes them::
 

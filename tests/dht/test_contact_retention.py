@@ -223,7 +223,7 @@ async def test_a_restarted_node_at_a_new_address_replaces_its_stale_entry(
     assert again.address != old
     await eventually(lambda: a.closest_known_peers(again.node_id, 1)[0].address
                      == again.address)
-    await eventually(lambda: not a.server.protocol._probing, timeout=3 * TIMEOUT + 3)
+    await eventually(lambda: not a.server.protocol._liveness._probing, timeout=3 * TIMEOUT + 3)
     assert contact_ids(a) == {again.node_id}
     assert a.stats.contacts_dropped == 0
     assert a.stats.returns_without_handoff == 1
