@@ -101,6 +101,10 @@ class BackfillConfig:
     (``want_rtts`` RTOs), then the DHT — takes about that long on that path."""
     gap_rtts: float = 4.0
     max_gap_timeout: float = 30.0
+    vouch_patience: float = 30.0
+    """How long a gap whose frontier nothing vouches for *yet* (a revoked publisher's
+    event from before the revocation, met before the walk from the head the revoking
+    version recorded) keeps its children held and judges the frontier again."""
     dht_patience: float = 5.0
     """Once, a gap whose timeout comes while its DHT get is in flight waits this much
     longer before it releases what it holds: the DHT's RPC timeout (``DhtConfig``), what a
@@ -195,7 +199,7 @@ class BackfillConfig:
         if self.max_want_timeout < self.want_timeout:
             raise ValueError("max_want_timeout must be at least want_timeout")
         for name in ("want_timeout", "gap_timeout", "heads_interval", "fetch_retry_delay",
-                     "dht_patience"):
+                     "dht_patience", "vouch_patience"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
 
@@ -229,6 +233,9 @@ class Gap:
     """How long it holds delivery back: the gap timeout, or longer on a slow path."""
     waited_for_dht: bool = False
     """Its timeout was put off once for a DHT get in flight (``dht_patience``)."""
+    unvouched_since: float | None = None
+    """When its frontier was first refused only because nothing vouched for it yet: the
+    gap waits ``vouch_patience`` from then (``GapFetching._wait_for_vouching``)."""
 
 
 @dataclass(slots=True)

@@ -459,3 +459,43 @@ def test_vouching_passes_through_events_admitted_on_their_own_rights() -> None:
     delivered = _delivered(out)
     assert delivered[:2] == [x1.cid, c1.cid]
     assert sorted(delivered[2:], key=bytes) == sorted([z.cid, h.cid], key=bytes)
+
+
+def test_children_of_an_unvouched_event_outlast_the_gap_timeout() -> None:
+    """The walk from the recorded head may take longer than a gap's timeout: while the
+    frontier is refused only for want of vouching, the gap's timeout is put off (up to
+    ``vouch_patience``) instead of releasing its children before their parent."""
+    from pulsar.proto.timers import GapTimeout, RetryFetch
+
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id, CAROL.peer_id])
+    x1 = _event(BOB, v1, b"x1", now=1100.0)
+    x2 = _event(BOB, v1, b"x2", parent=x1.cid, now=1200.0)
+    v2 = _version(v1, [x2.cid], allowed_publishers=[CAROL.peer_id])
+    z = _event(CAROL, v2, b"z", parent=x1.cid, now=2100.0)
+    blocks: dict[CID, bytes] = {}
+    core = _reader(meta, v1, v2, store=blocks)
+    out = _receive(core, v1, z)
+    _run_store(out, blocks)
+    (gap_timer,) = [o for o in out if isinstance(o, ev.SetTimer)
+                    and isinstance(o.timer, GapTimeout)]
+    out = core.handle(ev.Received(AUTHOR.peer_id, Blocks(v1.cid, x1.cid, (x1.block,))), 3001.1)
+    _run_store(out, blocks)
+    # The plain gap timeout comes: nothing is released, the deadline moves on.
+    now = 3001.0 + gap_timer.delay
+    out = core.handle(ev.TimerFired(gap_timer.timer), now)
+    assert _delivered(out) == [] and not any(isinstance(o, ev.GapReported) for o in out)
+    assert any(isinstance(o, ev.SetTimer) and isinstance(o.timer, GapTimeout) for o in out)
+    # Retries go on meanwhile (capped backoff), each judging x1 again from the store.
+    retries = 0
+    while retries < 6:
+        now += 2.0
+        out = core.handle(ev.TimerFired(RetryFetch(v1.cid, 0)), now)
+        retries += 1
+        assert _delivered(out) == []
+    # Then x2 arrives (vouched, so x1 is too): everything in order, parents first.
+    out = _receive(core, v1, x2, now=now + 0.1)
+    _run_store(out, blocks)
+    out = core.handle(ev.TimerFired(RetryFetch(v1.cid, 0)), now + 2.0)
+    delivered = _delivered(out)
+    assert delivered[0] == x1.cid
+    assert sorted(delivered, key=bytes) == sorted([x1.cid, x2.cid, z.cid], key=bytes)
