@@ -18,7 +18,7 @@ trip to the farthest replica asked, plus its stalls), republishing, rate limits 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from dag import CID, PeerId
@@ -81,21 +81,13 @@ class SimDht:
                   lost: Lost = _never) -> tuple[bytes | None, int]:
         """The block from the first holder whose answer arrives, and the rounds stalled."""
         self.gets += 1
-        stalls = 0
-        holders = self.holders(block_key(cid), usable)
-        for start in range(0, len(holders), ALPHA):
-            answered = False
-            for peer in holders[start:start + ALPHA]:
-                if lost() or lost():
-                    continue
-                answered = True
-                block = self.blocks.get(peer, {}).get(cid)
-                if block is not None:
-                    return block, stalls
-            if not answered:
-                stalls += 1
+        rounds = _Rounds(self.holders(block_key(cid), usable), lost)
+        for peer in rounds:
+            block = self.blocks.get(peer, {}).get(cid)
+            if block is not None:
+                return block, rounds.stalls
         self.misses += 1
-        return None, stalls
+        return None, rounds.stalls
 
     def put_record(
         self, record: HeadsRecord, usable: Callable[[PeerId], bool], lost: Lost = _never,
@@ -126,17 +118,33 @@ class SimDht:
         asked, ``ALPHA`` at a time), and the rounds in which no answer arrived."""
         hashed = int.from_bytes(hashlib.sha1(key).digest(), "big")
         best: HeadsRecord | None = None
-        stalls = 0
-        holders = self.holders(hashed, usable)
+        rounds = _Rounds(self.holders(hashed, usable), lost)
+        for peer in rounds:
+            record = self.records.get(peer, {}).get(key)
+            if record is not None and (best is None or record.seq > best.seq):
+                best = record
+        return best, rounds.stalls
+
+
+class _Rounds:
+    """The holders a get asks, ``ALPHA`` at a time, closest first: iterating yields those
+    whose request and answer both arrived; ``stalls`` counts the rounds in which none did
+    (each costs the caller an RPC timeout). Lazy, so a get that stops at its first answer
+    draws no more losses than it needs."""
+
+    def __init__(self, holders: list[PeerId], lost: Lost) -> None:
+        self._holders = holders
+        self._lost = lost
+        self.stalls = 0
+
+    def __iter__(self) -> Iterator[PeerId]:
+        holders, lost = self._holders, self._lost
         for start in range(0, len(holders), ALPHA):
             answered = False
             for peer in holders[start:start + ALPHA]:
                 if lost() or lost():
                     continue
                 answered = True
-                record = self.records.get(peer, {}).get(key)
-                if record is not None and (best is None or record.seq > best.seq):
-                    best = record
+                yield peer
             if not answered:
-                stalls += 1
-        return best, stalls
+                self.stalls += 1
