@@ -32,7 +32,7 @@ bench: $(STAMP)
 # The picture of the node's web page in docs/ (docs/api.md, "The web page"): a small local
 # network, a few events, headless Chromium (apt-get install chromium). About 10 s.
 screenshot: $(STAMP)
-	$(PY) -m api.screenshot docs/web-page.png
+	$(PY) -m pulsar.tools.screenshot docs/web-page.png
 
 # The testbed's default scenarios, Pulsarcast against Floodsub, and their QoS report
 # (docs/evaluation.md); about 40 minutes on 2 cores.
@@ -66,7 +66,7 @@ sim-evaluation: $(STAMP)
 	$(SIM) --nodes 100 --scenario single --protocol floodsub >> $(SIM_OUT)
 	$(SIM) --nodes 1000 --scenario single --protocol floodsub --events 10 >> $(SIM_OUT)
 	$(SIM) --nodes 10000 --scenario single --protocol floodsub --events 2 >> $(SIM_OUT)
-	$(PY) -m pulsar.sim.plot $(SIM_OUT) docs/sim/scaling-single.png --scenario single
+	$(PY) -m pulsar.tools.sim.plot $(SIM_OUT) docs/sim/scaling-single.png --scenario single
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

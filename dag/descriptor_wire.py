@@ -7,7 +7,7 @@ same checks: a block within :data:`MAX_DESCRIPTOR_SIZE` that hashes to its CID
 signatures, texts and timestamps of the right type and size, and an encoding that is the
 one canonical encoding of what was decoded (:func:`_check_canonical`). They live apart from
 the two descriptor classes so each class's module reads as its schema, and so the limits
-the API and the Spark reader derive from (``api.limits``, ``pulsar.spark.blocks``) sit in
+the API and the Spark reader derive from (``api.limits``, ``pulsar.tools.spark.blocks``) sit in
 one table. :mod:`dag.descriptors` re-exports the public names.
 
 The peer-id and CID caches (:func:`_peer`, :func:`_link`) are on the hot path of parsing

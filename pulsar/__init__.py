@@ -1,7 +1,7 @@
 """Pulsarcast: the protocol, the embedded node, the CLI, the testbed and the simulator.
 
 The names below are loaded on first use (PEP 562), not when ``pulsar`` is imported:
-importing ``pulsar.spark`` (what every Spark executor does) or ``pulsar.proto`` must not
+importing ``pulsar.tools.spark`` (what every Spark executor does) or ``pulsar.proto`` must not
 start by loading the node, the DHT and ``kademlia``. ``from pulsar import Node`` works as
 before."""
 

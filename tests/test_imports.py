@@ -24,7 +24,9 @@ def _loaded(module: str) -> list[str]:
     return list(json.loads(out))
 
 
-@pytest.mark.parametrize("module", ["api.client", "pulsar.spark", "pulsar.spark.source"])
+@pytest.mark.parametrize(
+    "module", ["api.client", "pulsar.tools.spark", "pulsar.tools.spark.source"]
+)
 def test_light_imports_do_not_load_the_node(module: str) -> None:
     loaded = _loaded(module)
     assert module in loaded

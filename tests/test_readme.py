@@ -42,7 +42,7 @@ def test_readme_curl_tour_runs_against_a_devnet(tmp_path: Path) -> None:
     whatever was free here, so the tour's 8701/8702 are pointed at them)."""
     assert TOUR is not None
     devnet = subprocess.Popen(
-        [sys.executable, "-m", "pulsar.cli", "devnet", "--nodes", "3", "--json",
+        [sys.executable, "-m", "pulsar.tools.cli", "devnet", "--nodes", "3", "--json",
          "--data-dir", "data/devnet"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )

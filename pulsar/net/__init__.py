@@ -19,7 +19,7 @@ frame stream), :mod:`~pulsar.net.connection` (one TCP connection),
 :mod:`~pulsar.net.peer` (per-peer queues and the write path), :mod:`~pulsar.net.dialer`
 (dialing and reconnect) and :mod:`~pulsar.net.registry` (the connections, duplicates, peers up
 and down), :mod:`~pulsar.net.faults`, :mod:`~pulsar.net.config`, :mod:`~pulsar.net.errors`,
-:mod:`~pulsar.net.bench`.
+:mod:`~pulsar.tools.bench.net`.
 """
 
 from .config import TransportConfig, TransportStats

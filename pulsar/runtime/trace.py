@@ -3,7 +3,7 @@
 The node calls these hooks, when a tracer is configured, at the points only the runtime
 sees: a frame decoded or encoded (with its size on the wire), an event delivered or
 published, a block fetched from the DHT. The base class does nothing; the testbed's
-:class:`pulsar.testbed.tracer.NodeTracer` turns the calls into trace records. Keeping the
+:class:`pulsar.tools.testbed.tracer.NodeTracer` turns the calls into trace records. Keeping the
 hooks this narrow keeps tracing out of the protocol cores, which stay pure.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.bench import bench_api
+from pulsar.tools.bench.api import bench_api
 
 
 @pytest.mark.slow

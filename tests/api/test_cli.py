@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pulsar.cli import main
+from pulsar.tools.cli import main
 from tests.waiting import eventually
 
 from .conftest import Api

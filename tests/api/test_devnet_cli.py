@@ -22,7 +22,7 @@ async def _cli(*args: str, stop: signal.Signals) -> AsyncIterator[asyncio.subpro
     """``pulsarcast ARGS`` as a real process; at the end it must exit 0 on ``stop``. It is
     killed if the test fails first, so no process outlives the test."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pulsar.cli", *args,
+        sys.executable, "-m", "pulsar.tools.cli", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -87,7 +87,7 @@ async def test_node_command_refuses_a_bad_config(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text('data_dir = "x"\ncolour = "red"\n')
     done = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pulsar.cli", "node", "--config", str(config),
+        sys.executable, "-m", "pulsar.tools.cli", "node", "--config", str(config),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await done.communicate()
@@ -117,7 +117,7 @@ async def test_node_command_with_a_token_does_not_point_at_a_token_file(tmp_path
 ])
 def test_node_command_refuses_replicas_it_cannot_honour(
         tmp_path: Path, flags: list[str], message: str) -> None:
-    from pulsar.cli import main
+    from pulsar.tools.cli import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["node", "--data-dir", str(tmp_path / "data"), *flags])

@@ -33,7 +33,7 @@ from api.limits import (
 from api.openapi import openapi_document
 from dag import CID, EventDescriptor, Identity
 from pulsar import Node
-from pulsar.cli import main
+from pulsar.tools.cli import main
 from tests.node.conftest import Network
 from tests.waiting import eventually
 

@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 
 from api import ApiServer
-from api.browser import launch, missing
 from api.page import CSP
 from dag import TopicDescriptor
-from pulsar.spark.background import ServedNode
+from pulsar.tools.browser import launch, missing
+from pulsar.tools.spark.background import ServedNode
 from tests.node.conftest import Network
 
 MISSING = missing()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar.bench.abuse import REST_BATTERY, SOURCE_QUOTA, STALLED, bench_abuse
+from pulsar.tools.bench.abuse import REST_BATTERY, SOURCE_QUOTA, STALLED, bench_abuse
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar.bench.delivery import bench_delivery
+from pulsar.tools.bench.delivery import bench_delivery
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar.bench.publish import bench_publish
+from pulsar.tools.bench.publish import bench_publish
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ async def test_publish_bench_figures_are_consistent() -> None:
 
 def test_a_revision_that_is_not_a_commit_is_refused_before_anything_runs(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from pulsar.cli import main
+    from pulsar.tools.cli import main
 
     assert main(["bench", "publish", "--against", "no-such-revision-x9"]) == 2
     err = capsys.readouterr().err

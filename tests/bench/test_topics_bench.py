@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar.bench.topics import bench_topics
+from pulsar.tools.bench.topics import bench_topics
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from pulsar.bench import tree
-from pulsar.bench.tree import bench_tree
+from pulsar.tools.bench import tree
+from pulsar.tools.bench.tree import bench_tree
 
 pytestmark = pytest.mark.slow
 

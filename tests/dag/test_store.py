@@ -20,7 +20,7 @@ from dag import store as store_module
 from dag.cid import CID, cid_of
 from dag.errors import CIDMismatch
 from dag.store import APPLICATION_ID, SCHEMA_VERSION, BlockStore, StoreError
-from dag.store_bench import bench_store
+from pulsar.tools.bench.store import bench_store
 from tests.helpers.store_writer import batch_blocks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dht.bench import bench_dht
+from pulsar.tools.bench.dht import bench_dht
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """The transport micro-benchmark runs and reports sane figures (small run)."""
 
-from pulsar.net.bench import bench_transport
+from pulsar.tools.bench.net import bench_transport
 
 
 async def test_bench_transport_small() -> None:

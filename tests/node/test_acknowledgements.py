@@ -13,8 +13,8 @@ import pytest
 from api import ApiServer
 from dht import BlockNotFound
 from pulsar import Node, NodeConfig, NotPersisted, StorageFull
-from pulsar.devnet import Devnet
 from pulsar.runtime.replay import ReplayIncomplete
+from pulsar.tools.devnet import Devnet
 from tests.waiting import eventually
 
 from .conftest import Network

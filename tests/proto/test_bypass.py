@@ -11,7 +11,7 @@ from pulsar.proto.core import PulsarCore
 from pulsar.proto.messages import Join, Leave
 from pulsar.proto.repair_messages import Joined
 from pulsar.proto.timers import JoinTimeout
-from pulsar.sim import SimNetwork
+from pulsar.tools.sim import SimNetwork
 
 from .test_core import StaticRouting, _ident, _topic
 

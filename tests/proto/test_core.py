@@ -16,7 +16,7 @@ from pulsar.proto.messages import Event, Join, Leave, Ping, RequestToPublish
 from pulsar.proto.plumtree import ShuffleTimer
 from pulsar.proto.repair_messages import Heads, Joined
 from pulsar.proto.timers import JoinTimeout, RecordTimer, RetryParent
-from pulsar.sim import SimNetwork, SimNode
+from pulsar.tools.sim import SimNetwork, SimNode
 from tests.helpers.records import record_written
 
 

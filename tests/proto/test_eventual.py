@@ -7,7 +7,7 @@ import pytest
 
 from dag import EventDescriptor
 from pulsar.proto.core import PulsarCore
-from pulsar.sim import SimNode
+from pulsar.tools.sim import SimNode
 
 from .test_core import _network, _subscribe_all, _topic
 

@@ -16,7 +16,7 @@ from pulsar.proto.fragments import FragmentConfig, Fragments
 from pulsar.proto.messages import MAX_ALSO, Event
 from pulsar.proto.timers import FragmentStall
 from pulsar.proto.wire import decode_message, encode_message
-from pulsar.sim import SimNetwork
+from pulsar.tools.sim import SimNetwork
 
 AUTHOR = Identity.from_seed(b"a" * 32)
 PEERS = [Identity.from_seed(bytes([i]) * 32).peer_id for i in range(1, 8)]

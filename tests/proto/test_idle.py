@@ -11,7 +11,7 @@ from dag import CID
 from pulsar.proto import events as ev
 from pulsar.proto.batch_messages import Batch
 from pulsar.proto.membership import MembershipConfig
-from pulsar.sim import SimNetwork
+from pulsar.tools.sim import SimNetwork
 
 
 def _topics_of(message: Any) -> list[CID | None]:

@@ -20,7 +20,7 @@ from pulsar.proto.plumtree import Plumtree, PlumtreeConfig
 from pulsar.proto.repair_messages import Heads, Joined, Want
 from pulsar.proto.rtt import RttConfig, RttEstimate, RttTable
 from pulsar.proto.timers import GraftTimer, JoinTimeout
-from pulsar.sim import SimNetwork
+from pulsar.tools.sim import SimNetwork
 from tests.proto.test_backfill import PEER, TID, _chain, _core
 from tests.proto.test_core import StaticRouting
 

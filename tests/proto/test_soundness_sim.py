@@ -8,7 +8,7 @@ from dag import CID, EventDescriptor, PublishRule, TopicDescriptor
 from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig
 from pulsar.proto.messages import Event
-from pulsar.sim import SimNetwork, SimNode
+from pulsar.tools.sim import SimNetwork, SimNode
 
 
 def _order_violations(node: SimNode, topic: CID) -> int:

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 
 from dag import Identity, cid_of
 from pulsar.proto import events as ev
-from pulsar.sim.dht import ALPHA, SimDht, block_key
-from pulsar.sim.network import DHT_RPC_TIMEOUT, SimNetwork
-from pulsar.sim.routing import IdSpace
+from pulsar.tools.sim.dht import ALPHA, SimDht, block_key
+from pulsar.tools.sim.network import DHT_RPC_TIMEOUT, SimNetwork
+from pulsar.tools.sim.routing import IdSpace
 
 PEERS = [Identity.from_seed(bytes([i + 1]) * 32).peer_id for i in range(20)]
 

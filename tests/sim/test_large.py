@@ -3,7 +3,7 @@ the large events arrive whole in every mode."""
 
 from __future__ import annotations
 
-from pulsar.sim.large import sim_large
+from pulsar.tools.sim.large import sim_large
 
 
 def test_sim_large_reports_the_bench_figures() -> None:

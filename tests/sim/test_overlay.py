@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 from pulsar.proto.membership import MembershipConfig
-from pulsar.sim import SimNetwork
-from pulsar.sim.metrics import overlay_invariants
+from pulsar.tools.sim import SimNetwork
+from pulsar.tools.sim.metrics import overlay_invariants
 
 SIZE = MembershipConfig().active_size
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pulsar.cli import main
-from pulsar.sim.scenarios import SimOptions, run_sim
+from pulsar.tools.cli import main
+from pulsar.tools.sim.scenarios import SimOptions, run_sim
 
 NODES = 200
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pulsar.spark.background import BackgroundLoop, ServedNode
+from pulsar.tools.spark.background import BackgroundLoop, ServedNode
 from tests.node.conftest import Network
 
 HISTORY = 5_000
@@ -164,7 +164,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkNet]:
 def source(net: SparkNet, spark: Any) -> Any:
     """The shared Spark session with the data source registered (after ``net``, so the
     history fills while the session starts)."""
-    from pulsar.spark import PulsarcastDataSource
+    from pulsar.tools.spark import PulsarcastDataSource
 
     spark.dataSource.register(PulsarcastDataSource)
     return spark

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pyspark.sql.functions import spark_partition_id
 
-from pulsar.spark.errors import PulsarcastSparkError
-from pulsar.spark.options import read_options
-from pulsar.spark.source import BatchReader
+from pulsar.tools.spark.errors import PulsarcastSparkError
+from pulsar.tools.spark.options import read_options
+from pulsar.tools.spark.source import BatchReader
 
 from .conftest import HISTORY, SparkNet
 

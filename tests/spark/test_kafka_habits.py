@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from pulsar.spark.errors import PulsarcastSparkError
-from pulsar.spark.offsets import OFFSET_FORMS
-from pulsar.spark.options import read_options
-from pulsar.spark.rest import NodeApi
-from pulsar.spark.source import BatchReader
-from pulsar.spark.writer import PublishedEvents, _aborted
+from pulsar.tools.spark.errors import PulsarcastSparkError
+from pulsar.tools.spark.offsets import OFFSET_FORMS
+from pulsar.tools.spark.options import read_options
+from pulsar.tools.spark.rest import NodeApi
+from pulsar.tools.spark.source import BatchReader
+from pulsar.tools.spark.writer import PublishedEvents, _aborted
 
 from .conftest import SparkNet, wait_for
 
@@ -147,7 +147,7 @@ def test_a_failed_write_counts_every_event_it_published(source: Any, net: SparkN
 
 
 def test_node_api_token_check(net: SparkNet) -> None:
-    from pulsar.spark.options import Endpoint
+    from pulsar.tools.spark.options import Endpoint
 
     api = NodeApi(Endpoint(net.url(0), net.token(0)))
     try:

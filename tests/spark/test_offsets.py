@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar.spark.errors import PulsarcastSparkError
-from pulsar.spark.offsets import (
+from pulsar.tools.spark.errors import PulsarcastSparkError
+from pulsar.tools.spark.offsets import (
     EARLIEST,
     LATEST,
     Bound,
@@ -16,7 +16,7 @@ from pulsar.spark.offsets import (
     resolve_bound,
     split_ranges,
 )
-from pulsar.spark.options import read_options, starting_bound, write_options
+from pulsar.tools.spark.options import read_options, starting_bound, write_options
 
 A = "bafyreifdez6wl67lsqg64rlc2r5quy2icwosfzbslh53ffnqttw6yax5ba"
 B = "bafyreihnscd63kkbtj33fl6egfbqhjgavumtw5uhp5miwckhear7l3mece"

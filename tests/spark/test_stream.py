@@ -13,9 +13,9 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from dag import CID
-from pulsar.spark.errors import PulsarcastSparkError
-from pulsar.spark.options import read_options
-from pulsar.spark.source import StreamReader
+from pulsar.tools.spark.errors import PulsarcastSparkError
+from pulsar.tools.spark.options import read_options
+from pulsar.tools.spark.source import StreamReader
 
 from .conftest import SparkNet, wait_for
 

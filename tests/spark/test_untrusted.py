@@ -16,11 +16,11 @@ from api.logblocks import MAGIC, MEDIA_TYPE, encode_record
 from dag import EventDescriptor
 from dag.cid import cid_of
 from dag.identity import Identity
-from pulsar.spark.background import BackgroundLoop
-from pulsar.spark.errors import PulsarcastSparkError
-from pulsar.spark.options import Endpoint
-from pulsar.spark.rest import MAX_LINE_BYTES, NodeApi, read_range
-from pulsar.spark.schema import ARROW_SCHEMA, parse_block
+from pulsar.tools.spark.background import BackgroundLoop
+from pulsar.tools.spark.errors import PulsarcastSparkError
+from pulsar.tools.spark.options import Endpoint
+from pulsar.tools.spark.rest import MAX_LINE_BYTES, NodeApi, read_range
+from pulsar.tools.spark.schema import ARROW_SCHEMA, parse_block
 
 TOPIC = "bafyreifdez6wl67lsqg64rlc2r5quy2icwosfzbslh53ffnqttw6yax5ba"
 ANSWERS: dict[str, bytes] = {}

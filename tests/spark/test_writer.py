@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pulsar.spark.errors import PulsarcastSparkError
-from pulsar.spark.options import write_options
-from pulsar.spark.publish import publish_batches
-from pulsar.spark.writer import PublishedEvents
+from pulsar.tools.spark.errors import PulsarcastSparkError
+from pulsar.tools.spark.options import write_options
+from pulsar.tools.spark.publish import publish_batches
+from pulsar.tools.spark.writer import PublishedEvents
 
 from .conftest import SparkNet
 

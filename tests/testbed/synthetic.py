@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from pulsar.testbed.delivery_logs import DELIVERY_LOGS, write_delivery_logs
-from pulsar.testbed.manifest import write_manifest
+from pulsar.tools.testbed.delivery_logs import DELIVERY_LOGS, write_delivery_logs
+from pulsar.tools.testbed.manifest import write_manifest
 
 __all__ = ["large_run", "write_run"]
 

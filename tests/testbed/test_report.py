@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from pulsar.cli import main as cli_main
-from pulsar.testbed.report import MARKDOWN, build_report, default_out_dir, run_report
-from pulsar.testbed.report_headline import TIMES
-from pulsar.testbed.report_inputs import load_runs
+from pulsar.tools.cli import main as cli_main
+from pulsar.tools.testbed.report import MARKDOWN, build_report, default_out_dir, run_report
+from pulsar.tools.testbed.report_headline import TIMES
+from pulsar.tools.testbed.report_inputs import load_runs
 
 from .synthetic import write_run
 
@@ -382,15 +382,15 @@ def test_headline_is_computed_from_the_run(known: tuple[Path, dict[str, Any]]) -
 @pytest.fixture(scope="module")
 def series(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Any]:
     """The plot series of the known run, which the summary does not hold."""
-    from pulsar.testbed.qos import compute_qos
+    from pulsar.tools.testbed.qos import compute_qos
 
     root = tmp_path_factory.mktemp("series")
     return compute_qos(spark, load_runs([_known_run(root)]))
 
 
 def test_a_missing_delivery_counts_as_never(series: dict[tuple[str, str], Any]) -> None:
-    from pulsar.testbed.qos import CDF_GRID, NEVER
-    from pulsar.testbed.report_plots import cdf_points
+    from pulsar.tools.testbed.qos import CDF_GRID, NEVER
+    from pulsar.tools.testbed.report_plots import cdf_points
 
     pc = series[("known", "pulsarcast")]
     # 15 expected pairs, 2 never delivered: the top 2/15 of the quantiles are NEVER, and

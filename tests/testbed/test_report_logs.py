@@ -19,14 +19,14 @@ import pytest
 from dag.cid import CID, cid_of
 from dag.store import BlockStore
 from pulsar.runtime.node_state import NodeState
-from pulsar.testbed.delivery_logs import (
+from pulsar.tools.testbed.delivery_logs import (
     DELIVERY_LOGS,
     STORE_FILE,
     load_delivery_logs,
     read_node_log,
     write_delivery_logs,
 )
-from pulsar.testbed.report import MARKDOWN, build_report, run_report
+from pulsar.tools.testbed.report import MARKDOWN, build_report, run_report
 
 from .synthetic import write_run
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pulsar.testbed.report_headline import TIMES, headline_facts, headline_sentence
-from pulsar.testbed.report_thesis import THESIS, thesis_rows
+from pulsar.tools.testbed.report_headline import TIMES, headline_facts, headline_sentence
+from pulsar.tools.testbed.report_thesis import THESIS, thesis_rows
 
 
 def _metrics(ratio: float, coverage: float, p50: float, p99: float, pubsub: int, dht: int,
@@ -68,8 +68,8 @@ def test_thesis_rows_put_its_table_beside_ours() -> None:
 
 
 def test_the_setup_note_says_when_the_kernel_made_the_faults() -> None:
-    from pulsar.testbed.report_markdown import _thesis_section
-    from pulsar.testbed.report_thesis import NETNS_DIFFERENCE
+    from pulsar.tools.testbed.report_markdown import _thesis_section
+    from pulsar.tools.testbed.report_thesis import NETNS_DIFFERENCE
 
     loopback = "\n".join(_thesis_section({"b": _run("baseline", None)}))
     assert NETNS_DIFFERENCE not in loopback

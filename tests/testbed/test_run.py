@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pulsar.testbed.delivery_logs import DELIVERY_LOGS, load_delivery_logs
-from pulsar.testbed.manifest import load_manifest
-from pulsar.testbed.runner import run_scenario
-from pulsar.testbed.scenario import load_scenario
-from pulsar.testbed.workload import plan_workload
+from pulsar.tools.testbed.delivery_logs import DELIVERY_LOGS, load_delivery_logs
+from pulsar.tools.testbed.manifest import load_manifest
+from pulsar.tools.testbed.runner import run_scenario
+from pulsar.tools.testbed.scenario import load_scenario
+from pulsar.tools.testbed.workload import plan_workload
 
 SMOKE = Path(__file__).resolve().parents[2] / "scenarios" / "smoke.toml"
 

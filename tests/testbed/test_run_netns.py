@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pulsar.netlab.netns import NETNS_DIR
-from pulsar.testbed.kernel import PREFIX, unavailable
-from pulsar.testbed.manifest import load_manifest
-from pulsar.testbed.runner import run_scenario
-from pulsar.testbed.scenario import Fault, Network, Scenario, Settle, Workload
+from pulsar.tools.netlab.netns import NETNS_DIR
+from pulsar.tools.testbed.kernel import PREFIX, unavailable
+from pulsar.tools.testbed.manifest import load_manifest
+from pulsar.tools.testbed.runner import run_scenario
+from pulsar.tools.testbed.scenario import Fault, Network, Scenario, Settle, Workload
 
 pytestmark = pytest.mark.slow
 

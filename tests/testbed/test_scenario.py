@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pulsar.testbed.scenario import ScenarioError, load_scenario, parse_scenario
-from pulsar.testbed.workload import plan_workload
+from pulsar.tools.testbed.scenario import ScenarioError, load_scenario, parse_scenario
+from pulsar.tools.testbed.workload import plan_workload
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pulsar.testbed.trace import TraceWriter
+from pulsar.tools.testbed.trace import TraceWriter
 
 
 def test_a_restarted_nodes_trace_does_not_glue_onto_a_cut_line(tmp_path: Path) -> None:

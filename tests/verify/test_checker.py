@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from pulsar.verify import checker, history
-from pulsar.verify.checker import KINDS, Anomaly, CheckResult, check, excerpt, nearest_rank
-from pulsar.verify.history import HistoryError, HistoryWriter, Op, OpType, read_history
+from pulsar.tools.verify import checker, history
+from pulsar.tools.verify.checker import KINDS, Anomaly, CheckResult, check, excerpt, nearest_rank
+from pulsar.tools.verify.history import HistoryError, HistoryWriter, Op, OpType, read_history
 
 T1, T2 = "bafytopicone", "bafytopictwo"
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from pulsar.netlab import linkfaults, netns, nfqueue
-from pulsar.netlab.linkfaults import (
+from pulsar.tools.netlab import linkfaults, netns, nfqueue
+from pulsar.tools.netlab.linkfaults import (
     FaultError,
     LinkFaults,
     _NodeState,
@@ -34,8 +34,8 @@ from pulsar.netlab.linkfaults import (
     render_filter,
     render_shape_table,
 )
-from pulsar.netlab.netns import InterfaceCounters, TestNetwork, cleanup_leftovers
-from pulsar.netlab.nfqueue import QueuedPacket, ShaperCore, ShaperStats, ShapeSpec
+from pulsar.tools.netlab.netns import InterfaceCounters, TestNetwork, cleanup_leftovers
+from pulsar.tools.netlab.nfqueue import QueuedPacket, ShaperCore, ShaperStats, ShapeSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7000
@@ -360,7 +360,7 @@ class _FakeRtnl:
 
 
 def test_qdiscs_for_rate_and_netem_shape() -> None:
-    from pulsar.netlab.linkfaults import Rate, _set_qdiscs
+    from pulsar.tools.netlab.linkfaults import Rate, _set_qdiscs
 
     ipr = _FakeRtnl()
     rate = Rate(frozenset({0}), 1000, 6056, 100.0)
@@ -571,7 +571,7 @@ class TestLifetime:
     def _harness(self, prefix: str) -> subprocess.Popen[bytes]:
         code = (
             "import subprocess, sys, time\n"
-            "from pulsar.netlab.netns import TestNetwork\n"
+            "from pulsar.tools.netlab.netns import TestNetwork\n"
             f"with TestNetwork({prefix!r}, 2) as net:\n"
             "    quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\n"
             "    net.spawn(0, ['sleep', '60'], **quiet)\n"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pulsar.netlab.netns import available
-from pulsar.verify.checker import KINDS
-from pulsar.verify.cluster import FAKETIME_LIB
-from pulsar.verify.nemesis import schedule
-from pulsar.verify.runner import PREFIX, run_verify
-from pulsar.verify.scenario import FAULT_KINDS, Scenario
+from pulsar.tools.netlab.netns import available
+from pulsar.tools.verify.checker import KINDS
+from pulsar.tools.verify.cluster import FAKETIME_LIB
+from pulsar.tools.verify.nemesis import schedule
+from pulsar.tools.verify.runner import PREFIX, run_verify
+from pulsar.tools.verify.scenario import FAULT_KINDS, Scenario
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,0 @@
-"""A network laboratory on one Linux host: network namespaces joined by bridges
-(:mod:`.netns`) and faults made by the kernel on their links (:mod:`.linkfaults`, with the
-NFQUEUE shaper :mod:`.nfqueue` where the kernel has no netem).
-
-Used by ``pulsarcast verify`` (:mod:`pulsar.verify`) and by testbed runs in namespaces
-(:mod:`pulsar.testbed`); it imports nothing else of pulsarcast."""

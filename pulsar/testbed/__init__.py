@@ -1,8 +1,0 @@
-"""The testbed: real networks of nodes under injected faults, traces, and the QoS report.
-
-``pulsarcast testbed run SCENARIO`` runs a scenario file (``scenarios/``) for Pulsarcast and
-for the Floodsub baseline on the same workload and faults, writing a run directory of
-traces (:mod:`pulsar.testbed.trace`) and a manifest (:mod:`pulsar.testbed.manifest`);
-``pulsarcast report RUN_DIR...`` turns run directories into figures with PySpark
-(:mod:`pulsar.testbed.report`).
-"""
