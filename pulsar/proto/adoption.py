@@ -187,6 +187,11 @@ class VersionAdoption(CoreParts):
             if tree is not None and adopted:
                 out.append(ev.StoreLocal(version.cid, version.block))
                 out.append(ev.VersionAdopted(first, version))
+                if version.heads:
+                    # The history the version records is reached from its heads, not
+                    # only back from today's: an event that raced the revocation is
+                    # refused here, and what lies below it would never come through it.
+                    out += self.backfill.learn_heads(first, version.heads, None, now)
             out += self._release(version.cid, now)
             out += self._version_resolved(version.cid, now)
         return out

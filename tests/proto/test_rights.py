@@ -499,3 +499,27 @@ def test_children_of_an_unvouched_event_outlast_the_gap_timeout() -> None:
     delivered = _delivered(out)
     assert delivered[0] == x1.cid
     assert sorted(delivered, key=bytes) == sorted([x1.cid, x2.cid, z.cid], key=bytes)
+
+
+def test_adopting_a_revocation_fetches_the_history_it_records() -> None:
+    """A reader that was away while v2 revoked Bob may find the way back to the history
+    v2 records barred: Bob's e raced the revocation (v2 does not record it, so it is
+    refused wherever v2 is known), and Carol, who had not heard of v2 yet, published c on
+    e. Walking back from c stops at e, and what lies below it would never come. So
+    adopting a version fetches the heads it records, which reach that history on their
+    own."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id, CAROL.peer_id])
+    x1 = _event(BOB, v1, b"x1", now=1100.0)
+    v2 = _version(v1, [x1.cid], allowed_publishers=[CAROL.peer_id])
+    blocks: dict[CID, bytes] = {}
+    core = _reader(meta, v1, store=blocks)
+    announcement = EventDescriptor.create(AUTHOR, meta.cid, v2.cid.raw, now=2500.0)
+    core.handle(ev.Received(AUTHOR.peer_id, Event(meta.cid, announcement.block, 1)), 3001.1)
+    out = core.handle(ev.BlockFetched(v2.cid, v2.block), 3001.15)
+    assert core.latest(v1.cid) == v2
+    asked = [o for o in out if (isinstance(o, ev.Fetch) and o.cid == x1.cid)
+             or (isinstance(o, ev.Send) and isinstance(o.message, Want)
+                 and o.message.head == x1.cid)]
+    assert asked, out
+    out = core.handle(ev.BlockFetched(x1.cid, x1.block), 3001.2)
+    assert _rejected(out) == [] and _delivered(out) == [x1.cid]

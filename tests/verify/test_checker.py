@@ -308,6 +308,30 @@ def test_parent_never_delivered() -> None:
                              "corrupt": 0}
 
 
+def test_a_parent_that_raced_a_revocation_may_be_missing_below_a_child() -> None:
+    """Node 1 published d2 while node 0 revoked it; node 2, not knowing the revocation yet,
+    published d3 on d2. Where the revocation is known d2 is refused, so d3 goes without it
+    (live and in a replay): no anomaly. The same missing parent, not exempt, is one."""
+    b = Builder()
+    b.subscribe(3, T2)
+    racing = b.start_publish(1, T2, "f2")
+    revoke = b.revoke(T2, peer(1))
+    b.end_publish(racing, "f2", "d2")
+    b.complete(revoke, "ok", {"version": "bafyversion2"})
+    b.publish(2, T2, "f3", "d3")
+    b.deliver(3, T2, "d3", 0, ("d2",))
+    b.replay(7, T2, [("d3", ("d2",))])
+    assert b.check().ok
+    b = Builder()
+    b.subscribe(3, T2)
+    b.publish(1, T2, "f2", "d2")
+    b.publish(2, T2, "f3", "d3")
+    b.deliver(3, T2, "d3", 0, ("d2",))
+    b.replay(7, T2, [("d3", ("d2",))])
+    result = b.check()
+    assert named(result.anomalies["causal"]) == [("d3", 3), ("d3", 7)]
+
+
 def test_unknown_parent_is_not_an_event() -> None:
     # A parent link to something that is no known event of the topic (the topic root, a
     # version) says nothing about order.

@@ -57,7 +57,10 @@ was never delivered at N although N was subscribed to the topic from the parent'
 invoke to the event's arrival. (The second condition is deliberate: a node that subscribes
 late starts its log at its subscription horizon and never delivers older ancestors.) In a
 replay ``ok``: an entry listed before one of its parents, or whose parent is a known event
-(or listed by that replay) but missing from it. One anomaly per (event, parent) pair.
+(or listed by that replay) but missing from it. A parent that is *exempt* and missing is
+no anomaly: its publish raced a revocation, so a node that knows the revoking version
+refuses it, while a publisher that had not heard of the version yet may have linked its
+own event to it. One anomaly per (event, parent) pair.
 
 **phantom** — a delivered or replayed CID that matches no publish: nobody published it, or
 its payload belongs to a failed publish, or to an acknowledged publish with another CID, or
@@ -660,6 +663,10 @@ class _Checker:
         revoked = self.revoke_invoke.get((pub.topic, pub.publisher))
         return revoked is not None and revoked < pub.end_index
 
+    def _exempt_cid(self, topic: str, cid: str) -> bool:
+        pub = self._publish_of(topic, cid)
+        return pub is not None and self._exempt(pub)
+
     def _duplicated(self) -> None:
         for (node, topic, cid), seen in self.seen.items():
             if len(seen.seqs) > 1:
@@ -734,8 +741,8 @@ class _Checker:
                         )
                     continue
                 pub = self._publish_of(topic, parent)
-                if pub is None:
-                    continue
+                if pub is None or self._exempt(pub):
+                    continue  # an exempt parent may be refused where the revocation is known
                 sub = self._subscribed(node, topic, pub.invoke.index, seen.first.index)
                 if sub is not None:
                     self._report(
@@ -758,7 +765,8 @@ class _Checker:
                     p = position.get(parent)
                     if p is not None and p > i:
                         why = f"listed at {i}, its parent {parent} at {p}"
-                    elif p is None and self._known(topic, parent, delivered):
+                    elif p is None and self._known(topic, parent, delivered) \
+                            and not self._exempt_cid(topic, parent):
                         why = f"listed at {i}, its parent {parent} missing"
                     else:
                         continue
