@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+from .fields import MessageError
 from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .messages import MessageError
 from .repair_messages import Heads, HeadsDigest
 
 __all__ = ["BATCH_BYTES", "BATCH_KINDS", "MAX_BATCH", "Batch", "BatchItem"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fragments import FragmentConfig
+from .fragment_config import FragmentConfig
 
 __all__ = ["LONE_NODE", "CoreConfig"]
 

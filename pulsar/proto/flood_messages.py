@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID
 
-from .messages import MessageError, _cid
+from .fields import MessageError, link_field
 
 __all__ = ["MAX_SUBS", "Subs"]
 
@@ -37,7 +37,7 @@ class Subs:
             raise MessageError(f"subs.topics must be a list of at most {MAX_SUBS} links")
         if not isinstance(on, bool):
             raise MessageError("subs.on must be a boolean")
-        parsed = tuple(_cid(t, "subs.topics[]") for t in topics)
+        parsed = tuple(link_field(t, "subs.topics[]") for t in topics)
         if len(set(parsed)) != len(parsed):
             raise MessageError("subs.topics has duplicates")
         return cls(parsed, on)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID
 
-from .messages import MessageError, _cid
+from .fields import MessageError, link_field
 
 __all__ = [
     "MAX_FRAGMENT",
@@ -61,9 +61,9 @@ class Fragment:
         if not isinstance(block, bytes) or not 0 < len(block) <= MAX_FRAGMENT:
             raise MessageError(f"frag.block must be 1..{MAX_FRAGMENT} bytes")
         return cls(
-            _cid(m["topic"], "frag.topic"),
-            _cid(m["event"], "frag.event"),
-            _cid(m["cid"], "frag.cid"),
+            link_field(m["topic"], "frag.topic"),
+            link_field(m["event"], "frag.event"),
+            link_field(m["cid"], "frag.cid"),
             block,
         )
 
@@ -87,8 +87,8 @@ class IDontWant:
         if not isinstance(events, list) or not 1 <= len(events) <= MAX_IDONTWANT:
             raise MessageError(f"idontwant.events must list 1..{MAX_IDONTWANT} events")
         return cls(
-            _cid(m["topic"], "idontwant.topic"),
-            tuple(_cid(e, "idontwant.events") for e in events),
+            link_field(m["topic"], "idontwant.topic"),
+            tuple(link_field(e, "idontwant.events") for e in events),
         )
 
 
@@ -112,9 +112,9 @@ class FWant:
         if not isinstance(cids, list) or not 1 <= len(cids) <= MAX_WANTED:
             raise MessageError(f"fwant.cids must list 1..{MAX_WANTED} blocks")
         return cls(
-            _cid(m["topic"], "fwant.topic"),
-            _cid(m["event"], "fwant.event"),
-            tuple(_cid(c, "fwant.cids") for c in cids),
+            link_field(m["topic"], "fwant.topic"),
+            link_field(m["event"], "fwant.event"),
+            tuple(link_field(c, "fwant.cids") for c in cids),
         )
 
 

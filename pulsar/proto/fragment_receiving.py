@@ -31,7 +31,7 @@ from .messages import Event
 from .timers import FragmentStall
 
 if TYPE_CHECKING:
-    from .fragments import FragmentConfig
+    from .fragment_config import FragmentConfig
 
 __all__ = ["Completed", "Partial", "Receiver"]
 

@@ -28,7 +28,7 @@ from .messages import MAX_ALSO, Event
 from .timers import FragmentTick
 
 if TYPE_CHECKING:
-    from .fragments import FragmentConfig
+    from .fragment_config import FragmentConfig
 
 __all__ = ["Outgoing", "Sender"]
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId
 
-from .messages import MAX_HOPS, MessageError, _cid, _uint
+from .fields import MAX_HOPS, MessageError, link_field, uint_field
 
 __all__ = ["MAX_IHAVE", "MAX_SAMPLE", "Graft", "IHave", "Prune", "Shuffle", "parse_sample"]
 
@@ -40,8 +40,9 @@ class IHave:
         for item in ids:
             if not isinstance(item, list) or len(item) != 2:
                 raise MessageError("ihave entries are [cid, hop] pairs")
-            entries.append((_cid(item[0], "ihave.id"), _uint(item[1], "ihave.hop", MAX_HOPS)))
-        return cls(_cid(m["topic"], "ihave.topic"), tuple(entries))
+            entries.append((link_field(item[0], "ihave.id"),
+                            uint_field(item[1], "ihave.hop", MAX_HOPS)))
+        return cls(link_field(m["topic"], "ihave.topic"), tuple(entries))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,8 @@ class Graft:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Graft:
-        event = None if m["event"] is None else _cid(m["event"], "graft.event")
-        return cls(_cid(m["topic"], "graft.topic"), event)
+        event = None if m["event"] is None else link_field(m["event"], "graft.event")
+        return cls(link_field(m["topic"], "graft.topic"), event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class Prune:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Prune:
-        return cls(_cid(m["topic"], "prune.topic"))
+        return cls(link_field(m["topic"], "prune.topic"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class Shuffle:
         if not isinstance(m["reply"], bool):
             raise MessageError("shuffle.reply must be a boolean")
         sample = parse_sample(m["peers"], "shuffle.peers")
-        return cls(_cid(m["topic"], "shuffle.topic"), sample, m["reply"])
+        return cls(link_field(m["topic"], "shuffle.topic"), sample, m["reply"])
 
 
 def parse_sample(peers: Any, name: str, limit: int = MAX_SAMPLE) -> tuple[PeerId, ...]:

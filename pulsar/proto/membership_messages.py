@@ -24,8 +24,8 @@ from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId
 
+from .fields import MessageError, link_field, uint_field
 from .gossip_messages import parse_sample
-from .messages import MessageError, _cid, _uint
 
 __all__ = [
     "MAX_INTERESTS",
@@ -88,7 +88,7 @@ class ForwardJoin:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> ForwardJoin:
-        return cls(_peer(m["peer"], "fwdjoin.peer"), _uint(m["ttl"], "fwdjoin.ttl", MAX_WALK))
+        return cls(_peer(m["peer"], "fwdjoin.peer"), uint_field(m["ttl"], "fwdjoin.ttl", MAX_WALK))
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +159,7 @@ class ViewShuffle:
     def from_wire(cls, m: dict[str, Any]) -> ViewShuffle:
         return cls(
             _peer(m["origin"], "vshuffle.origin"),
-            _uint(m["ttl"], "vshuffle.ttl", MAX_WALK),
+            uint_field(m["ttl"], "vshuffle.ttl", MAX_WALK),
             parse_sample(m["peers"], "vshuffle.peers", MAX_VIEW_SAMPLE),
         )
 
@@ -196,7 +196,7 @@ class Interests:
         topics = m["topics"]
         if not isinstance(topics, list) or not 1 <= len(topics) <= MAX_INTERESTS:
             raise MessageError(f"interests.topics must be a list of 1 to {MAX_INTERESTS} CIDs")
-        return cls(tuple(_cid(t, "interests.topic") for t in topics))
+        return cls(tuple(link_field(t, "interests.topic") for t in topics))
 
 
 MembershipMessage = (

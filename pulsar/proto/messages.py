@@ -1,5 +1,5 @@
 """The tree's wire messages (JOIN, LEAVE, EVENT, REQUEST_TO_PUBLISH, PING, PONG), as
-frozen dataclasses, and the field validators every message module shares.
+frozen dataclasses (their fields' validators are in :mod:`pulsar.proto.fields`).
 
 Each message is one DAG-CBOR map with a ``t`` key naming its type (``T``), the keys
 ``FIELDS`` and, when set, any of ``OPTIONAL``; :mod:`pulsar.proto.wire` frames and decodes
@@ -14,50 +14,22 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId, check_content_type
-from dag.errors import DagError, SchemaError
+from dag.errors import SchemaError
+
+from .fields import MAX_HOPS, MessageError, bytes_field, link_field, uint_field
 
 __all__ = [
-    "MAX_MESSAGE_SIZE",
+    "MAX_ALSO",
     "Event",
     "Join",
     "Leave",
-    "MessageError",
     "Ping",
     "Pong",
     "RequestToPublish",
 ]
 
-MAX_MESSAGE_SIZE: Final = 1 << 20
-MAX_HOPS: Final = 1024
 MAX_ALSO: Final = 64
 """Peers one EVENT may ask its receiver to push a large event's chunk tree to."""
-
-
-class MessageError(DagError):
-    """A frame that is not a well-formed pulsarcast message: the sender's fault."""
-
-
-def _cid(value: Any, what: str) -> CID:
-    if isinstance(value, CID):
-        return value
-    if not isinstance(value, bytes):
-        raise MessageError(f"{what} must be a link")
-    try:
-        return CID(value)
-    except ValueError as exc:
-        raise MessageError(f"{what}: {exc}") from None
-
-
-def _bytes(value: Any, what: str, limit: int) -> bytes:
-    if not isinstance(value, bytes) or len(value) > limit:
-        raise MessageError(f"{what} must be bytes of at most {limit}")
-    return value
-
-
-def _uint(value: Any, what: str, limit: int) -> int:
-    if type(value) is not int or not 0 <= value <= limit:
-        raise MessageError(f"{what} must be an integer in 0..{limit}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +47,8 @@ class Join:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Join:
-        return cls(_cid(m["topic"], "join.topic"), _bytes(m["block"], "join.block", 8192))
+        return cls(link_field(m["topic"], "join.topic"),
+                   bytes_field(m["block"], "join.block", 8192))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +64,7 @@ class Leave:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Leave:
-        return cls(_cid(m["topic"], "leave.topic"))
+        return cls(link_field(m["topic"], "leave.topic"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +109,9 @@ class Event:
         except (ValueError, TypeError) as exc:
             raise MessageError(f"event.also: {exc}") from None
         return cls(
-            _cid(m["topic"], "event.topic"),
-            _bytes(m["block"], "event.block", 8192),
-            _uint(m["hop"], "event.hop", MAX_HOPS),
+            link_field(m["topic"], "event.topic"),
+            bytes_field(m["block"], "event.block", 8192),
+            uint_field(m["hop"], "event.hop", MAX_HOPS),
             frags,
             peers,
         )
@@ -187,12 +160,12 @@ class RequestToPublish:
         if m["link"] is not None:
             if m["payload"] is not None:
                 raise MessageError("rtp carries either payload or link, not both")
-            payload = _cid(m["link"], "rtp.link")
+            payload = link_field(m["link"], "rtp.link")
         else:
-            payload = _bytes(m["payload"], "rtp.payload", 8192)
+            payload = bytes_field(m["payload"], "rtp.payload", 8192)
         if not isinstance(m["created"], str) or len(m["created"]) > 32:
             raise MessageError("rtp.created must be a timestamp")
-        parent = None if m["parent"] is None else _cid(m["parent"], "rtp.parent")
+        parent = None if m["parent"] is None else link_field(m["parent"], "rtp.parent")
         content_type = m.get("ct")
         if content_type is not None:
             try:
@@ -200,12 +173,12 @@ class RequestToPublish:
             except SchemaError as exc:
                 raise MessageError(f"rtp.ct: {exc}") from None
         return cls(
-            _cid(m["topic"], "rtp.topic"),
-            _cid(m["version"], "rtp.version"),
+            link_field(m["topic"], "rtp.topic"),
+            link_field(m["version"], "rtp.version"),
             author,
             payload,
             m["created"],
-            _bytes(m["sig"], "rtp.sig", 64),
+            bytes_field(m["sig"], "rtp.sig", 64),
             parent,
             content_type,
         )
@@ -224,7 +197,7 @@ class Ping:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Ping:
-        return cls(_uint(m["n"], "ping.n", (1 << 63) - 1))
+        return cls(uint_field(m["n"], "ping.n", (1 << 63) - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,4 +211,4 @@ class Pong:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Pong:
-        return cls(_uint(m["n"], "pong.n", (1 << 63) - 1))
+        return cls(uint_field(m["n"], "pong.n", (1 << 63) - 1))

@@ -45,8 +45,8 @@ from dag import CID, PeerId
 from dag.descriptors import parse_timestamp
 from dag.errors import SchemaError
 
+from .fields import MAX_MESSAGE_SIZE, MessageError, link_field, uint_field
 from .gossip_messages import parse_sample
-from .messages import MAX_MESSAGE_SIZE, MessageError, _cid, _uint
 
 __all__ = [
     "BLOCKS_OVERHEAD",
@@ -86,7 +86,7 @@ MAX_ANSWER_BYTES: Final = MAX_MESSAGE_SIZE - BLOCKS_OVERHEAD
 def _links(value: Any, what: str, limit: int) -> tuple[CID, ...]:
     if not isinstance(value, list | tuple) or len(value) > limit:
         raise MessageError(f"{what} must be a list of at most {limit} links")
-    links = tuple(_cid(item, what) for item in value)
+    links = tuple(link_field(item, what) for item in value)
     if len(set(links)) != len(links):
         raise MessageError(f"{what} lists a link twice")
     return links
@@ -117,7 +117,7 @@ class Want:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Want:
-        limit = _uint(m["limit"], "want.limit", MAX_WANT_LIMIT)
+        limit = uint_field(m["limit"], "want.limit", MAX_WANT_LIMIT)
         if limit == 0:
             raise MessageError("want.limit must be at least 1")
         after = m["after"]
@@ -129,8 +129,8 @@ class Want:
             except SchemaError as exc:
                 raise MessageError(f"want.after: {exc}") from None
         return cls(
-            _cid(m["topic"], "want.topic"),
-            _cid(m["head"], "want.head"),
+            link_field(m["topic"], "want.topic"),
+            link_field(m["head"], "want.head"),
             limit,
             _links(m["have"], "want.have", MAX_HAVE),
             after,
@@ -164,7 +164,8 @@ class Blocks:
             total += len(block)
         if total > MAX_BLOCKS_BYTES:
             raise MessageError(f"blocks carry {total} bytes, more than {MAX_BLOCKS_BYTES}")
-        return cls(_cid(m["topic"], "blocks.topic"), _cid(m["head"], "blocks.head"), tuple(blocks))
+        return cls(link_field(m["topic"], "blocks.topic"), link_field(m["head"], "blocks.head"),
+                   tuple(blocks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +183,8 @@ class Heads:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Heads:
-        return cls(_cid(m["topic"], "heads.topic"), _links(m["heads"], "heads.heads", MAX_HEADS))
+        return cls(link_field(m["topic"], "heads.topic"),
+                   _links(m["heads"], "heads.heads", MAX_HEADS))
 
 
 DIGEST_BYTES: Final = 16
@@ -219,7 +221,7 @@ class HeadsDigest:
         digest = m["digest"]
         if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
             raise MessageError(f"digest.digest must be {DIGEST_BYTES} bytes")
-        return cls(_cid(m["topic"], "digest.topic"), digest)
+        return cls(link_field(m["topic"], "digest.topic"), digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +251,7 @@ class Joined(Heads):
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Joined:
         up = parse_sample([m["up"]], "joined.up", 1)[0] if "up" in m else None
-        return cls(_cid(m["topic"], "joined.topic"),
+        return cls(link_field(m["topic"], "joined.topic"),
                    _links(m["heads"], "joined.heads", MAX_HEADS),
                    parse_sample(m["peers"], "joined.peers"), up)
 

@@ -19,6 +19,7 @@ from dag.codec import decode_fast
 from dag.errors import CodecError
 
 from .batch_messages import BATCH_KINDS, Batch
+from .fields import MAX_MESSAGE_SIZE, MessageError
 from .flood_messages import Subs
 from .fragment_messages import Fragment, FWant, IDontWant
 from .gossip_messages import Graft, IHave, Prune, Shuffle
@@ -32,16 +33,7 @@ from .membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from .messages import (
-    MAX_MESSAGE_SIZE,
-    Event,
-    Join,
-    Leave,
-    MessageError,
-    Ping,
-    Pong,
-    RequestToPublish,
-)
+from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from .repair_messages import Blocks, Heads, HeadsDigest, Joined, Want
 
 __all__ = ["MESSAGE_TYPES", "Message", "decode_message", "encode_message"]

@@ -32,8 +32,8 @@ from ..net.transport import Transport
 from ..proto import events as ev
 from ..proto.core import PulsarCore
 from ..proto.driven import Core
+from ..proto.fields import MessageError
 from ..proto.floodsub import FloodCore
-from ..proto.messages import MessageError
 from ..proto.timers import Timer
 from ..proto.wire import Message, decode_message, encode_message
 from .errors import NotPersisted, NotRecorded, PublishError

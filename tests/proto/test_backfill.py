@@ -38,7 +38,7 @@ from pulsar.proto.backfill import (
     Verify,
     WantTimeout,
 )
-from pulsar.proto.messages import MessageError
+from pulsar.proto.fields import MessageError
 from pulsar.proto.repair_messages import (
     MAX_BLOCK,
     Blocks,

@@ -10,8 +10,9 @@ from dag import Identity, cid_of, encode
 from pulsar.proto import events as ev
 from pulsar.proto.batch_messages import MAX_BATCH, Batch
 from pulsar.proto.batching import coalesce
+from pulsar.proto.fields import MessageError
 from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
-from pulsar.proto.messages import Event, MessageError
+from pulsar.proto.messages import Event
 from pulsar.proto.repair_messages import Heads, Joined
 from pulsar.proto.wire import decode_message, encode_message
 

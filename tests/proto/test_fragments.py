@@ -11,8 +11,9 @@ from dag import EventDescriptor, Identity, TopicDescriptor
 from dag.chunks import local_blocks, split
 from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig
+from pulsar.proto.fragment_config import FragmentConfig
 from pulsar.proto.fragment_messages import Fragment, FWant, IDontWant
-from pulsar.proto.fragments import FragmentConfig, Fragments
+from pulsar.proto.fragments import Fragments
 from pulsar.proto.messages import MAX_ALSO, Event
 from pulsar.proto.timers import FragmentStall
 from pulsar.proto.wire import decode_message, encode_message

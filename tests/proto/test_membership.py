@@ -8,6 +8,7 @@ import pytest
 
 from dag import Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
+from pulsar.proto.fields import MessageError
 from pulsar.proto.membership import Membership, MembershipConfig
 from pulsar.proto.membership_messages import (
     MAX_INTERESTS,
@@ -21,7 +22,6 @@ from pulsar.proto.membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from pulsar.proto.messages import MessageError
 from pulsar.proto.timers import MembershipTick
 from pulsar.proto.wire import decode_message, encode_message
 

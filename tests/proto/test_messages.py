@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dag import Identity, cid_of, decode, encode
-from pulsar.proto.messages import MessageError, RequestToPublish
+from pulsar.proto.fields import MessageError
+from pulsar.proto.messages import RequestToPublish
 from pulsar.proto.wire import decode_message, encode_message
 
 ALICE = Identity.from_seed(b"a" * 32)

@@ -9,8 +9,9 @@ import pytest
 
 from dag import CID, Identity, cid_of
 from pulsar.proto import events as ev
+from pulsar.proto.fields import MessageError
 from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
-from pulsar.proto.messages import Event, MessageError
+from pulsar.proto.messages import Event
 from pulsar.proto.plumtree import (
     DispatchTimer,
     GraftTimer,
