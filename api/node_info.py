@@ -15,7 +15,7 @@ from .common import json_response, node_of, query_int
 from .problems import Problem
 
 if TYPE_CHECKING:
-    from pulsar.proto.tree import TreeView
+    from pulsar.proto.tree.routing import TreeView
 
 __all__ = ["routes", "prometheus_text"]
 

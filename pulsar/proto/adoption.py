@@ -3,7 +3,7 @@
 * **Create** (paper, algorithm 1): the meta topic (author-only) and the topic, both
   persisted in the DHT (``min_acks``) before the node becomes the root of both trees.
 * **Update**: a new version on top of the latest, recording the topic's heads now (what
-  it vouches for, see :mod:`pulsar.proto.versions`), persisted, adopted, then announced
+  it vouches for, see :mod:`pulsar.proto.versions.lineage`), persisted, adopted, then announced
   on the meta topic; the update is ready once the announcement is published.
 * **Adoption**: versions named by meta events, heads records, restarts and events are
   fetched when unknown, registered only if their lineage holds, and adopted when they are
@@ -23,14 +23,14 @@ from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
 from dag.codec import decode_fast
 from dag.errors import CodecError
 from dag.records import HeadsRecord
+from pulsar.proto.repair.backfill import event_links
+from pulsar.proto.repair.messages import Blocks
+from pulsar.proto.tree.messages import Event
+from pulsar.proto.versions.descriptors import build_topic, build_version
 
 from . import events as ev
-from .backfill import event_links
 from .events import Out
-from .messages import Event
 from .parts import CoreParts
-from .repair_messages import Blocks
-from .topics import build_topic, build_version
 
 __all__ = ["VOUCH_WALK_LIMIT", "VersionAdoption"]
 

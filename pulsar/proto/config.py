@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fragment_config import FragmentConfig
+from pulsar.proto.fragments.config import FragmentConfig
 
 __all__ = ["LONE_NODE", "CoreConfig"]
 
@@ -54,7 +54,7 @@ class CoreConfig:
     sync_publishers: int = 16
     """Most publishers whose records one round asks for."""
     fragments: FragmentConfig = field(default_factory=FragmentConfig)
-    """Large events along the tree (:mod:`pulsar.proto.fragments`)."""
+    """Large events along the tree (:mod:`pulsar.proto.fragments.layer`)."""
 
     def __post_init__(self) -> None:
         if self.min_acks < 0:

@@ -5,19 +5,19 @@
 :data:`~pulsar.proto.events.OutEvent`; the asyncio node and the simulator only carry
 them out. It composes the layers, each a module of its own:
 
-* **trees** (:mod:`pulsar.proto.tree`): join routing toward the author with the progress
+* **trees** (:mod:`pulsar.proto.tree.routing`): join routing toward the author with the progress
   rule, parents, children, relay joins, routing around failed parents;
-* **versions and rights** (:mod:`pulsar.proto.versions`): every topic version, the latest
+* **versions and rights** (:mod:`pulsar.proto.versions.lineage`): every topic version, the latest
   one, and the rule that judges every event by the latest version (revocation holds);
 * **topic commands and version adoption** (:mod:`pulsar.proto.adoption`, building
-  descriptors in :mod:`pulsar.proto.topics`): creation (algorithm 1) and updates, announced
-  on the author-only meta topic, adopted by every subscriber from meta events;
+  descriptors in :mod:`pulsar.proto.versions.descriptors`): creation (algorithm 1) and
+  updates, announced on the author-only meta topic, adopted by every subscriber from meta events;
 * **publishing** (:mod:`pulsar.proto.publishing`, :mod:`pulsar.proto.stores`): rights,
   LAST_SEEN / CUSTOM linking, persisted (a write quorum of DHT acknowledgements) before
   forwarded, requests to publish, heads records in the DHT, and learning the latest
   version and heads before a node publishes;
-* **causal order, gap fetching, anti-entropy** (:mod:`pulsar.proto.backfill`) and **lazy
-  repair** (:mod:`pulsar.proto.plumtree`).
+* **causal order, gap fetching, anti-entropy** (:mod:`pulsar.proto.repair.backfill`) and **lazy
+  repair** (:mod:`pulsar.proto.gossip.plumtree`).
 
 A node that restarts is given its durable heads and versions in ``Subscribe`` and resumes
 from them: it judges by the latest version it had, links its next event to the newest
@@ -43,20 +43,12 @@ from dag import (
     TopicDescriptor,
     cid_of,
 )
-
-from . import events as ev
-from .adoption import TopicJob, VersionAdoption
-from .backfill import UNVOUCHED, Backfill, BackfillConfig, Unvouched, event_links
-from .batch_messages import Batch
-from .batching import coalesce
-from .config import LONE_NODE, CoreConfig
-from .events import Out
-from .flood_messages import Subs
-from .fragment_messages import Fragment, FWant, IDontWant
-from .fragments import Fragments
-from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .membership import Membership, MembershipConfig
-from .membership_messages import (
+from pulsar.proto.flood.messages import Subs
+from pulsar.proto.fragments.layer import Fragments
+from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
+from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.gossip.plumtree import Plumtree, PlumtreeConfig
+from pulsar.proto.membership.messages import (
     MAX_INTERESTS,
     Disconnect,
     ForwardJoin,
@@ -67,11 +59,21 @@ from .membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from .plumtree import Plumtree, PlumtreeConfig
+from pulsar.proto.membership.overlay import Membership, MembershipConfig
+from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Unvouched, event_links
+from pulsar.proto.repair.messages import MAX_HEADS, Blocks, Heads, HeadsDigest, Joined, Want
+from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
+from pulsar.proto.tree.routing import Routing, Tree, TreeRouter, TreeView
+from pulsar.proto.tree.rtt import RttConfig, RttTable
+from pulsar.proto.versions.lineage import TopicVersions
+from pulsar.proto.wire.batch import Batch
+from pulsar.proto.wire.batching import coalesce
+
+from . import events as ev
+from .adoption import TopicJob, VersionAdoption
+from .config import LONE_NODE, CoreConfig
+from .events import Out
 from .publishing import Publishing
-from .repair_messages import MAX_HEADS, Blocks, Heads, HeadsDigest, Joined, Want
-from .rtt import RttConfig, RttTable
 from .stores import OwnStores
 from .timers import (
     DispatchTimer,
@@ -92,8 +94,6 @@ from .timers import (
     ShuffleTimer,
     WantTimeout,
 )
-from .tree import Routing, Tree, TreeRouter, TreeView
-from .versions import TopicVersions
 
 __all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
 

@@ -1,6 +1,6 @@
 """What a driver needs of a protocol core: the one interface the asyncio runtime and the
 simulator drive, whichever core it is (:class:`~pulsar.proto.core.PulsarCore`, or the
-:class:`~pulsar.proto.floodsub.FloodCore` baseline).
+:class:`~pulsar.proto.flood.core.FloodCore` baseline).
 
 A driver feeds ``handle`` the inputs and carries out the outputs (:mod:`pulsar.proto.events`)
 and reads views for status pages and metrics. What one core has and the other lacks (the
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from dag import CID, PeerId, TopicDescriptor
+from pulsar.proto.tree.routing import Routing, TreeView
 
 from . import events as ev
-from .tree import Routing, TreeView
 
 __all__ = ["Core"]
 

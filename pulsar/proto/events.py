@@ -22,9 +22,9 @@ from typing import Literal
 
 from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
 from dag.records import HeadsRecord
+from pulsar.proto.wire.codec import Message
 
 from .timers import Timer
-from .wire import Message
 
 __all__ = [
     "BlockFetched",

@@ -14,17 +14,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
+from pulsar.proto.fragments.layer import Fragments
+from pulsar.proto.gossip.plumtree import Plumtree
+from pulsar.proto.repair.backfill import Backfill, Unvouched
+from pulsar.proto.tree.messages import Event
+from pulsar.proto.tree.routing import Tree, TreeRouter
+from pulsar.proto.versions.lineage import TopicVersions
 
 from . import events as ev
-from .backfill import Backfill, Unvouched
 from .config import CoreConfig
 from .events import Out
-from .fragments import Fragments
-from .messages import Event
-from .plumtree import Plumtree
 from .stores import OwnStores
-from .tree import Tree, TreeRouter
-from .versions import TopicVersions
 
 __all__ = ["CoreParts"]
 

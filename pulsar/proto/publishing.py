@@ -1,6 +1,6 @@
 """Publishing: who may publish, what an event links to, and when it counts as published.
 
-* **Rights** under the latest version this node knows (:mod:`pulsar.proto.versions`): a
+* **Rights** under the latest version this node knows (:mod:`pulsar.proto.versions.lineage`): a
   node that may publish signs the event; one that may only request sends a
   REQUEST_TO_PUBLISH up its parents to the first node allowed to publish it.
 * **Learning first.** A node that is not the author reads the heads records of the author
@@ -29,14 +29,14 @@ from dag.cid import DAG_CBOR
 from dag.descriptors import MAX_MERGES
 from dag.errors import ChunkError
 from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
+from pulsar.proto.tree.messages import Event, RequestToPublish
+from pulsar.proto.tree.routing import Tree
 
 from . import events as ev
 from .events import Out
-from .messages import Event, RequestToPublish
 from .parts import CoreParts
 from .stores import Stored
 from .timers import RecordTimer, RequestTimeout
-from .tree import Tree
 
 __all__ = ["Publishing"]
 
@@ -310,7 +310,7 @@ class Publishing(CoreParts):
         blocks = self._large_blocks(event)
         if blocks is not None and eager:
             # A large event: the fragment layer sends the EVENT, then its chunk tree, to
-            # each eager link in staggered groups, paced (pulsar.proto.fragments).
+            # each eager link in staggered groups, paced (pulsar.proto.fragments.layer).
             head = Event(topic_cid, event.block, 1, True)
             out += self.frags.publish(topic_cid, head, blocks, eager, now)
             self.metrics["forwarded"] += len(eager)

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any, Final, assert_never
 from dag import CID, BlockStore, EventDescriptor, Identity, PeerId
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
+from pulsar.proto.fields import MessageError
+from pulsar.proto.flood.core import FloodCore
+from pulsar.proto.wire.codec import Message, decode_message, encode_message
 
 from ..net.errors import PeerUnreachable
 from ..net.transport import Transport
 from ..proto import events as ev
 from ..proto.core import PulsarCore
 from ..proto.driven import Core
-from ..proto.fields import MessageError
-from ..proto.floodsub import FloodCore
 from ..proto.timers import Timer
-from ..proto.wire import Message, decode_message, encode_message
 from .errors import NotPersisted, NotRecorded, PublishError
 from .node_state import NodeState
 from .payloads import Payloads

@@ -32,9 +32,8 @@ from dag.descriptors import parse_timestamp
 from dag.history import causal_order
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
-
-from ..proto.backfill import event_links
-from ..proto.versions import TopicVersions
+from pulsar.proto.repair.backfill import event_links
+from pulsar.proto.versions.lineage import TopicVersions
 
 __all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "ReplayIncomplete",
            "ReplaySource", "replay_history"]

@@ -47,11 +47,10 @@ from pulsar.net.framing import encode_data
 from pulsar.net.handshake import PROLOGUE, Handshake, StaticKey
 from pulsar.net.noise import PROTOCOL_NAME
 from pulsar.net.secure import seal
-from pulsar.proto.batch_messages import Batch
-from pulsar.proto.flood_messages import Subs
-from pulsar.proto.fragment_messages import Fragment, FWant, IDontWant
-from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
-from pulsar.proto.membership_messages import (
+from pulsar.proto.flood.messages import Subs
+from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
+from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.membership.messages import (
     Disconnect,
     ForwardJoin,
     HvJoin,
@@ -61,9 +60,10 @@ from pulsar.proto.membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from pulsar.proto.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from pulsar.proto.repair_messages import Blocks, Heads, HeadsDigest, Joined, Want, heads_digest
-from pulsar.proto.wire import Message, encode_message
+from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want, heads_digest
+from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
+from pulsar.proto.wire.batch import Batch
+from pulsar.proto.wire.codec import Message, encode_message
 
 __all__ = [
     "FILES",

@@ -13,7 +13,7 @@ import pytest
 
 from pulsar import Node, NodeConfig, PayloadTooLarge
 from pulsar.net.faults import FaultInjector
-from pulsar.proto.fragment_config import FragmentConfig
+from pulsar.proto.fragments.config import FragmentConfig
 
 from .conftest import FAST_CORE, Network, collect
 

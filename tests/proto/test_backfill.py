@@ -25,8 +25,9 @@ from dag import (
 from dag.codec import decode, encode_reference_free
 from dag.descriptors import iso_timestamp
 from pulsar.proto import events as ev
-from pulsar.proto import repair_messages
-from pulsar.proto.backfill import (
+from pulsar.proto.fields import MessageError
+from pulsar.proto.repair import messages as repair_messages
+from pulsar.proto.repair.backfill import (
     REPAIR_HOP,
     Backfill,
     BackfillConfig,
@@ -38,8 +39,7 @@ from pulsar.proto.backfill import (
     Verify,
     WantTimeout,
 )
-from pulsar.proto.fields import MessageError
-from pulsar.proto.repair_messages import (
+from pulsar.proto.repair.messages import (
     MAX_BLOCK,
     Blocks,
     Heads,
@@ -48,8 +48,8 @@ from pulsar.proto.repair_messages import (
     Want,
     heads_digest,
 )
-from pulsar.proto.rtt import RttTable
-from pulsar.proto.wire import decode_message, encode_message
+from pulsar.proto.tree.rtt import RttTable
+from pulsar.proto.wire.codec import decode_message, encode_message
 
 T0 = 1_700_000_000.0
 AUTHOR = Identity.from_seed(b"\x01" * 32)

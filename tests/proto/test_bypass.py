@@ -8,9 +8,9 @@ import random
 from dag import Identity, PeerId
 from pulsar.proto import events as ev
 from pulsar.proto.core import PulsarCore
-from pulsar.proto.messages import Join, Leave
-from pulsar.proto.repair_messages import Joined
+from pulsar.proto.repair.messages import Joined
 from pulsar.proto.timers import JoinTimeout
+from pulsar.proto.tree.messages import Join, Leave
 from pulsar.tools.sim import SimNetwork
 
 from .test_core import StaticRouting, _ident, _topic

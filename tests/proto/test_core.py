@@ -10,12 +10,12 @@ import pytest
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor, decode, encode
 from dag.codec import encode_reference_free
 from pulsar.proto import events as ev
-from pulsar.proto.backfill import HeadsTick
 from pulsar.proto.core import CoreConfig, PulsarCore
-from pulsar.proto.messages import Event, Join, Leave, Ping, RequestToPublish
-from pulsar.proto.plumtree import ShuffleTimer
-from pulsar.proto.repair_messages import Heads, Joined
+from pulsar.proto.gossip.plumtree import ShuffleTimer
+from pulsar.proto.repair.backfill import HeadsTick
+from pulsar.proto.repair.messages import Heads, Joined
 from pulsar.proto.timers import JoinTimeout, RecordTimer, RetryParent
+from pulsar.proto.tree.messages import Event, Join, Leave, Ping, RequestToPublish
 from pulsar.tools.sim import SimNetwork, SimNode
 from tests.helpers.records import record_written
 

@@ -15,14 +15,14 @@ from typing import Any
 from dag import CID, EventDescriptor
 from dag.descriptors import iso_timestamp
 from pulsar.proto import events as ev
-from pulsar.proto.backfill import (
+from pulsar.proto.repair.backfill import (
     REPAIR_HOP,
     Backfill,
     GapTimeout,
     RetryFetch,
     WantTimeout,
 )
-from pulsar.proto.repair_messages import Blocks, Want
+from pulsar.proto.repair.messages import Blocks, Want
 
 from .test_backfill import AUTHOR, PEER, PEER2, T0, TID, Net, _chain, _core, _verifier
 

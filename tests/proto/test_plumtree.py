@@ -10,16 +10,16 @@ import pytest
 from dag import CID, Identity, cid_of
 from pulsar.proto import events as ev
 from pulsar.proto.fields import MessageError
-from pulsar.proto.gossip_messages import Graft, IHave, Prune, Shuffle
-from pulsar.proto.messages import Event
-from pulsar.proto.plumtree import (
+from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.gossip.plumtree import (
     DispatchTimer,
     GraftTimer,
     Plumtree,
     PlumtreeConfig,
     ShuffleTimer,
 )
-from pulsar.proto.wire import decode_message, encode_message
+from pulsar.proto.tree.messages import Event
+from pulsar.proto.wire.codec import decode_message, encode_message
 
 from .test_core import _network, _payloads, _subscribe_all, _topic
 

@@ -9,9 +9,9 @@ from dag import CID, EventDescriptor, EventLinking, Identity, PeerId, PublishRul
 from dag.records import HeadsRecord
 from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig, PulsarCore
-from pulsar.proto.messages import Event, Join
-from pulsar.proto.repair_messages import Joined, Want
+from pulsar.proto.repair.messages import Joined, Want
 from pulsar.proto.timers import RecordTimer
+from pulsar.proto.tree.messages import Event, Join
 from tests.helpers.records import record_written
 
 
@@ -241,7 +241,7 @@ def test_a_recent_event_taken_in_by_repair_goes_down_the_tree() -> None:
     out = relay.handle(ev.Received(AUTHOR.peer_id, Event(topic.cid, e2.block, 1)), 100.4)
     (want,) = [o for o in _of(ev.Send, out) if isinstance(o.message, Want)]
     assert want.peer == AUTHOR.peer_id and want.message.head == e1.cid
-    from pulsar.proto.repair_messages import Blocks
+    from pulsar.proto.repair.messages import Blocks
 
     out = relay.handle(ev.Received(AUTHOR.peer_id, Blocks(topic.cid, e1.cid, (e1.block,))), 100.5)
     pushed = [o for o in _of(ev.Send, out) if isinstance(o.message, Event)]

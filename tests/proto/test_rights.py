@@ -14,9 +14,9 @@ from dag import CID, EventDescriptor, Identity, PeerId, PublishRule, TopicDescri
 from dag.records import HeadsRecord
 from pulsar.proto import events as ev
 from pulsar.proto.core import PulsarCore
-from pulsar.proto.messages import Event
-from pulsar.proto.repair_messages import Blocks, Heads, Joined, Want
-from pulsar.proto.versions import TopicVersions
+from pulsar.proto.repair.messages import Blocks, Heads, Joined, Want
+from pulsar.proto.tree.messages import Event
+from pulsar.proto.versions.lineage import TopicVersions
 
 
 class NoRouting:

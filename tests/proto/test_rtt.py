@@ -11,15 +11,16 @@ import pytest
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
-from pulsar.proto.backfill import BackfillConfig, GapTimeout, RetryFetch, WantTimeout
-from pulsar.proto.batch_messages import Batch
 from pulsar.proto.core import PulsarCore
-from pulsar.proto.gossip_messages import Graft, IHave, Prune
-from pulsar.proto.messages import Event, Join, Leave, Ping, Pong
-from pulsar.proto.plumtree import Plumtree, PlumtreeConfig
-from pulsar.proto.repair_messages import Heads, Joined, Want
-from pulsar.proto.rtt import RttConfig, RttEstimate, RttTable
+from pulsar.proto.gossip.messages import Graft, IHave, Prune
+from pulsar.proto.gossip.plumtree import Plumtree, PlumtreeConfig
+from pulsar.proto.membership import messages as membership_messages
+from pulsar.proto.repair.backfill import BackfillConfig, GapTimeout, RetryFetch, WantTimeout
+from pulsar.proto.repair.messages import Heads, Joined, Want
 from pulsar.proto.timers import GraftTimer, JoinTimeout
+from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong
+from pulsar.proto.tree.rtt import RttConfig, RttEstimate, RttTable
+from pulsar.proto.wire.batch import Batch
 from pulsar.tools.sim import SimNetwork
 from tests.proto.test_backfill import PEER, TID, _chain, _core
 from tests.proto.test_core import StaticRouting
@@ -315,7 +316,7 @@ def test_a_slow_network_is_repaired_without_grafting_for_copies_one_hop_behind()
             sent[type(message)] += 1
             if isinstance(message, Ping):
                 pings[link] += 1
-            elif type(message).__module__.endswith("membership_messages"):
+            elif type(message).__module__ == membership_messages.__name__:
                 overlay_links.add(link)
             if isinstance(message, Heads):
                 heads_links.add(link)

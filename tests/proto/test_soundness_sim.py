@@ -7,7 +7,7 @@ from __future__ import annotations
 from dag import CID, EventDescriptor, PublishRule, TopicDescriptor
 from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig
-from pulsar.proto.messages import Event
+from pulsar.proto.tree.messages import Event
 from pulsar.tools.sim import SimNetwork, SimNode
 
 

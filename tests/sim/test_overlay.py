@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from pulsar.proto.membership import MembershipConfig
+from pulsar.proto.membership.overlay import MembershipConfig
 from pulsar.tools.sim import SimNetwork
 from pulsar.tools.sim.metrics import overlay_invariants
 

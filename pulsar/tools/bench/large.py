@@ -52,7 +52,7 @@ from pulsar.config import NodeConfig
 from pulsar.net.faults import FaultInjector
 from pulsar.node import Node, PayloadTooLarge
 from pulsar.proto.core import CoreConfig
-from pulsar.proto.fragment_config import FragmentConfig
+from pulsar.proto.fragments.config import FragmentConfig
 from pulsar.runtime.subscription import Subscription
 from pulsar.tools.sim.large import MODES, large_figures, mode_config
 

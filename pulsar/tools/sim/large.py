@@ -21,7 +21,7 @@ from dag import CID
 from dag.chunks import local_blocks
 from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig
-from pulsar.proto.fragment_config import FragmentConfig
+from pulsar.proto.fragments.config import FragmentConfig
 
 from .network import SimNetwork
 

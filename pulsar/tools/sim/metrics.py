@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from dag import CID, PeerId
 from pulsar.proto import events as ev
+from pulsar.proto.membership import messages as membership_messages
 
 from .network import SimNetwork, SimNode
 
@@ -136,7 +137,7 @@ def overlay_invariants(net: SimNetwork) -> dict[str, float | int]:
     moving: set[frozenset[PeerId]] = set()
     for _, _, receiver, event in net._queue:
         if isinstance(event, ev.Received):
-            if type(event.message).__module__.endswith("membership_messages"):
+            if type(event.message).__module__ == membership_messages.__name__:
                 moving.add(frozenset((receiver, event.peer)))
         elif isinstance(event, (ev.PeerDown, ev.SendFailed)):
             moving.add(frozenset((receiver, event.peer)))

@@ -36,9 +36,9 @@ from dht.config import DhtConfig
 from pulsar.proto import events as ev
 from pulsar.proto.core import CoreConfig, PulsarCore
 from pulsar.proto.driven import Core
-from pulsar.proto.floodsub import FloodCore
-from pulsar.proto.repair_messages import Blocks
-from pulsar.proto.wire import decode_message, encode_message
+from pulsar.proto.flood.core import FloodCore
+from pulsar.proto.repair.messages import Blocks
+from pulsar.proto.wire.codec import decode_message, encode_message
 
 from .dht import SimDht
 from .routing import IdSpace, KnownPeers, node_id

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dag import CID, EventDescriptor, PeerId
 from dag.cid import cid_of
 from dag.codec import decode_fast
-from pulsar.proto.gossip_messages import Graft, Prune
-from pulsar.proto.messages import Event
-from pulsar.proto.repair_messages import Blocks, Want
+from pulsar.proto.gossip.messages import Graft, Prune
+from pulsar.proto.repair.messages import Blocks, Want
+from pulsar.proto.tree.messages import Event
 from pulsar.runtime.trace import Tracer
 
 from .trace import TraceWriter, process_resources

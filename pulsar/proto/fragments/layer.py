@@ -35,8 +35,8 @@ once; without it (store-and-forward, the baseline) it sends nothing until the wh
 arrived and verified. The core delivers a large event only when its payload is complete
 (:meth:`Fragments.take_completed`).
 
-Layout: the receiving half lives in :mod:`pulsar.proto.fragment_receiving`, the sending
-half in :mod:`pulsar.proto.fragment_sending`; this module holds the configuration and
+Layout: the receiving half lives in :mod:`pulsar.proto.fragments.receiving`, the sending
+half in :mod:`pulsar.proto.fragments.sending`; this module holds the configuration and
 :class:`Fragments`, the one object the core talks to, which composes the two and owns the
 metrics they share.
 """
@@ -46,14 +46,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dag import CID, EventDescriptor, PeerId
+from pulsar.proto.events import Out
+from pulsar.proto.timers import FragmentStall
+from pulsar.proto.tree.messages import Event
 
-from .events import Out
-from .fragment_config import FragmentConfig
-from .fragment_messages import Fragment, FWant, IDontWant
-from .fragment_receiving import Completed, Partial, Receiver
-from .fragment_sending import Outgoing, Sender
-from .messages import Event
-from .timers import FragmentStall
+from .config import FragmentConfig
+from .messages import Fragment, FWant, IDontWant
+from .receiving import Completed, Partial, Receiver
+from .sending import Outgoing, Sender
 
 __all__ = ["Completed", "Fragments", "Outgoing", "Partial"]
 

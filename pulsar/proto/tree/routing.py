@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, assert_never
 
 from dag import CID, PeerId, TopicDescriptor
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+from pulsar.proto.timers import JoinTimeout, RetryParent, RootCheck
 
-from . import events as ev
-from .events import Out
 from .messages import Join, Leave, RequestToPublish
 from .rtt import RttTable
-from .timers import JoinTimeout, RetryParent, RootCheck
 
 if TYPE_CHECKING:
-    from .config import CoreConfig
+    from pulsar.proto.config import CoreConfig
 
 __all__ = ["Routing", "Tree", "TreeRouter", "TreeView"]
 

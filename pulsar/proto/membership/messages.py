@@ -1,6 +1,6 @@
 """Wire messages of the node-wide membership layer (HyParView), and topic interests.
 
-One overlay per node, shared by every topic (:mod:`pulsar.proto.membership`):
+One overlay per node, shared by every topic (:mod:`pulsar.proto.membership.overlay`):
 
 * ``hvjoin`` — a node entering the overlay asks a contact to take it as a neighbour;
 * ``fwdjoin`` — the contact spreads the newcomer on random walks of ``ttl`` steps;
@@ -13,7 +13,7 @@ One overlay per node, shared by every topic (:mod:`pulsar.proto.membership`):
 * ``interests`` — the topics a neighbour is in, told when the link comes up and when the
   node joins a tree, so lazy links (Plumtree) can be drawn from the overlay.
 
-Like every message (:mod:`pulsar.proto.messages`) each is one DAG-CBOR map with a ``t``
+Like every message (:mod:`pulsar.proto.tree.messages`) each is one DAG-CBOR map with a ``t``
 key and every field is checked on decode; the lists are bounded.
 """
 
@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId
-
-from .fields import MessageError, link_field, uint_field
-from .gossip_messages import parse_sample
+from pulsar.proto.fields import MessageError, link_field, uint_field
+from pulsar.proto.gossip.messages import parse_sample
 
 __all__ = [
     "MAX_INTERESTS",
@@ -202,5 +201,5 @@ class Interests:
 MembershipMessage = (
     HvJoin | ForwardJoin | Neighbor | NeighborReply | Disconnect | ViewShuffle | ViewShuffleReply
 )
-"""What :class:`pulsar.proto.membership.Membership` handles (INTERESTS goes to the core)."""
+"""What :class:`pulsar.proto.membership.overlay.Membership` handles (INTERESTS goes to the core)."""
 

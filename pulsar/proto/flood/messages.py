@@ -1,7 +1,7 @@
 """Floodsub's one message of its own, SUBS (events travel in the shared EVENT message).
 
-It follows :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, exactly the
-listed keys, every field validated); :mod:`pulsar.proto.wire` lists it.
+It follows :mod:`pulsar.proto.tree.messages` (one DAG-CBOR map with a ``t`` key, exactly the
+listed keys, every field validated); :mod:`pulsar.proto.wire.codec` lists it.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from dag import CID
-
-from .fields import MessageError, link_field
+from pulsar.proto.fields import MessageError, link_field
 
 __all__ = ["MAX_SUBS", "Subs"]
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from dag import CID
-
-from .fields import MessageError, link_field
+from pulsar.proto.fields import MessageError, link_field
 
 __all__ = [
     "MAX_FRAGMENT",

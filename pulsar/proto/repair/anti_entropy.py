@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dag import CID, PeerId
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
 
-from . import events as ev
-from .backfill_state import (
+from .messages import MAX_BLOCK, Blocks, Heads, HeadsDigest, Want, heads_digest
+from .state import (
     BackfillParts,
     TopicState,
     bounded_put,
     event_links,
 )
-from .events import Out
-from .repair_messages import MAX_BLOCK, Blocks, Heads, HeadsDigest, Want, heads_digest
 
 __all__ = ["AntiEntropy"]
 
@@ -39,7 +39,7 @@ heads go to every neighbour anyway, so a lost copy is caught up under steady tra
 
 
 class AntiEntropy(BackfillParts):
-    """The anti-entropy part of :class:`~pulsar.proto.backfill.Backfill`: HEADS exchange and
+    """The anti-entropy part of :class:`~pulsar.proto.repair.backfill.Backfill`: HEADS exchange and
     WANT answering."""
 
     def on_want(self, peer: PeerId, msg: Want, now: float) -> Out:

@@ -5,11 +5,11 @@ Owns :class:`Partial` (one per large event being received), :class:`Completed` a
 :class:`Receiver`: every fragment is checked against a CID already trusted before it is
 stored or relayed, declared sizes against the limits and the bytes that arrive, the bound
 on events (and bytes) received at once, and the stall ladder (FWANT, then the DHT, then
-give up). See :mod:`pulsar.proto.fragments` for the whole design.
+give up). See :mod:`pulsar.proto.fragments.layer` for the whole design.
 
 Why separate: what a node accepts is a safety question, apart from how it paces what it
 relays; this half hands each verified block to the sending half
-(:mod:`pulsar.proto.fragment_sending`) and never reaches into its queues.
+(:mod:`pulsar.proto.fragments.sending`) and never reaches into its queues.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from dag import CID, EventDescriptor, PeerId
 from dag.chunks import MAX_DEPTH, parse_node
 from dag.cid import DAG_CBOR, RAW
 from dag.errors import ChunkError
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+from pulsar.proto.timers import FragmentStall
+from pulsar.proto.tree.messages import Event
 
-from . import events as ev
-from .events import Out
-from .fragment_messages import MAX_WANTED, Fragment, FWant, IDontWant
-from .fragment_sending import Sender
-from .messages import Event
-from .timers import FragmentStall
+from .messages import MAX_WANTED, Fragment, FWant, IDontWant
+from .sending import Sender
 
 if TYPE_CHECKING:
-    from .fragment_config import FragmentConfig
+    from .config import FragmentConfig
 
 __all__ = ["Completed", "Partial", "Receiver"]
 
@@ -83,7 +83,7 @@ class Completed:
 
 class Receiver:
     """The receiving state of one node's fragment layer (config and metrics are the
-    :class:`~pulsar.proto.fragments.Fragments` ones, shared); verified blocks go to
+    :class:`~pulsar.proto.fragments.layer.Fragments` ones, shared); verified blocks go to
     ``sender``."""
 
     def __init__(self, config: FragmentConfig, metrics: dict[str, int], sender: Sender) -> None:

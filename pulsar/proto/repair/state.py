@@ -1,8 +1,8 @@
 """The state and settings shared by the parts of the backfill layer.
 
-:class:`~pulsar.proto.backfill.Backfill` is one machine split by job: causal order
-(:mod:`pulsar.proto.causal`), gap fetching (:mod:`pulsar.proto.gaps`) and heads
-anti-entropy with WANT answering (:mod:`pulsar.proto.anti_entropy`). This module holds
+:class:`~pulsar.proto.repair.backfill.Backfill` is one machine split by job: causal order
+(:mod:`pulsar.proto.repair.causal`), gap fetching (:mod:`pulsar.proto.repair.gaps`) and heads
+anti-entropy with WANT answering (:mod:`pulsar.proto.repair.anti_entropy`). This module holds
 what they share — the configuration, the per-topic and per-gap state, and
 :class:`BackfillParts`, the base naming the state and the calls one part makes in another.
 """
@@ -19,16 +19,16 @@ from dag import CID, EventDescriptor, PeerId
 from dag.codec import decode_fast
 from dag.descriptors import MAX_MERGES
 from dag.errors import CodecError
+from pulsar.proto.events import Out
+from pulsar.proto.tree.rtt import RttTable
 
-from .events import Out
-from .repair_messages import (
+from .messages import (
     MAX_ANSWER_BYTES,
     MAX_BLOCK,
     MAX_BLOCKS,
     MAX_HAVE,
     MAX_WANT_LIMIT,
 )
-from .rtt import RttTable
 
 __all__ = [
     "REPAIR_HOP",
@@ -168,7 +168,7 @@ class BackfillConfig:
     horizon_confirm: int = 2
     """Backfilled events older than the horizon (by their ``created``), one the parent of
     the next, that end a walk: one alone is not enough, its publisher's clock may have been
-    behind (see :mod:`pulsar.proto.backfill`). 2: the event and its parent, so a fresh
+    behind (see :mod:`pulsar.proto.repair.backfill`). 2: the event and its parent, so a fresh
     subscriber's walk costs one block more than it would with 1."""
     horizon_confirm_resumed: int = 8
     """The same for a subscription resumed from a durable store (``open`` with ``heads``

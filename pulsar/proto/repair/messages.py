@@ -1,7 +1,7 @@
 """Wire messages of the backfill layer: WANT, BLOCKS and HEADS.
 
-They follow :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, exactly the
-listed keys, every field validated on decode); :mod:`pulsar.proto.wire` lists them.
+They follow :mod:`pulsar.proto.tree.messages` (one DAG-CBOR map with a ``t`` key, exactly the
+listed keys, every field validated on decode); :mod:`pulsar.proto.wire.codec` lists them.
 
 =========  =====================================================================  ============
 ``t``      keys                                                                   meaning
@@ -29,7 +29,7 @@ whole batch of useless blocks: ``have`` stops the walk where the asker's history
 stops it at the asker's subscription horizon (a fresh subscriber's first gap is one block,
 not ``limit``). BLOCKS echoes ``head`` so an answer is paired with its request even when
 it is empty. The caps are chosen so one answer always fits one frame
-(:data:`~pulsar.proto.messages.MAX_MESSAGE_SIZE`): a WANT may ask for up to 1024 blocks,
+(:data:`~pulsar.proto.tree.messages.MAX_MESSAGE_SIZE`): a WANT may ask for up to 1024 blocks,
 which with the usual ~400-byte events is ~400 KiB; the answerer's byte budget ends the batch
 earlier when the events are large.
 """
@@ -44,9 +44,8 @@ from typing import Any, ClassVar, Final
 from dag import CID, PeerId
 from dag.descriptors import parse_timestamp
 from dag.errors import SchemaError
-
-from .fields import MAX_MESSAGE_SIZE, MessageError, link_field, uint_field
-from .gossip_messages import parse_sample
+from pulsar.proto.fields import MAX_MESSAGE_SIZE, MessageError, link_field, uint_field
+from pulsar.proto.gossip.messages import parse_sample
 
 __all__ = [
     "BLOCKS_OVERHEAD",

@@ -1,4 +1,4 @@
-"""The settings of the fragment layer (:mod:`pulsar.proto.fragments`): how large events
+"""The settings of the fragment layer (:mod:`pulsar.proto.fragments.layer`): how large events
 travel, and the bounds on what a node holds of them."""
 
 from __future__ import annotations

@@ -5,15 +5,18 @@ The frontier is looked up in the local store first, then asked for with one WANT
 peer that sent the event, then fetched from the DHT one block at a time, until the chain
 reaches an event that is delivered. Gaps time out (their held descendants are released and
 reported), merge when two chains meet, and are bounded per topic and per node. See
-:mod:`pulsar.proto.backfill` for the transition table.
+:mod:`pulsar.proto.repair.backfill` for the transition table.
 """
 
 from __future__ import annotations
 
 from dag import CID, PeerId, cid_of
+from pulsar.proto import events as ev
+from pulsar.proto.events import GapReported, Out
+from pulsar.proto.timers import GapTimeout, RetryFetch, RetryLost, WantTimeout
 
-from . import events as ev
-from .backfill_state import (
+from .messages import MAX_HAVE, Blocks, Want
+from .state import (
     REPAIR_HOP,
     BackfillParts,
     Gap,
@@ -21,9 +24,6 @@ from .backfill_state import (
     Unvouched,
     bounded_put,
 )
-from .events import GapReported, Out
-from .repair_messages import MAX_HAVE, Blocks, Want
-from .timers import GapTimeout, RetryFetch, RetryLost, WantTimeout
 
 __all__ = ["GapFetching"]
 
@@ -33,7 +33,7 @@ end of the wait must not find a sliver of it left and park again)."""
 
 
 class GapFetching(BackfillParts):
-    """The gap-fetching part of :class:`~pulsar.proto.backfill.Backfill`: local store, WANT,
+    """The gap-fetching part of :class:`~pulsar.proto.repair.backfill.Backfill`: local store, WANT,
     DHT, timeouts and bounds."""
 
     def fetching(self, cid: CID) -> bool:

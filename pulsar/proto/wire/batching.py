@@ -1,14 +1,14 @@
 """Packing a step's control messages per neighbour into BATCH messages (see
-:mod:`pulsar.proto.batch_messages` for why)."""
+:mod:`pulsar.proto.wire.batch` for why)."""
 
 from __future__ import annotations
 
 from dag import PeerId
+from pulsar.proto import events as ev
+from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.repair.messages import Heads, HeadsDigest
 
-from . import events as ev
-from .batch_messages import BATCH_BYTES, MAX_BATCH, Batch, BatchItem
-from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .repair_messages import Heads, HeadsDigest
+from .batch import BATCH_BYTES, MAX_BATCH, Batch, BatchItem
 
 __all__ = ["coalesce"]
 

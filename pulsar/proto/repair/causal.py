@@ -6,7 +6,7 @@ delivered, every held descendant that became ready is delivered too, concurrent 
 (delivered events with no delivered children) are kept here; a subscription's horizon
 (``since`` minus ``horizon_slack``) settles what is older without delivering it, once a
 backfilled chain shows it is older (``horizon_confirm`` events in a row, not one event
-that a publisher's clock gone back can make look old). See :mod:`pulsar.proto.backfill`
+that a publisher's clock gone back can make look old). See :mod:`pulsar.proto.repair.backfill`
 for the whole layer, and the argument for the horizon rule."""
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from typing import Final
 from dag import CID, EventDescriptor, PeerId
 from dag.descriptors import iso_timestamp
 from dag.history import order_key
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
 
-from . import events as ev
-from .backfill_state import (
+from .messages import MAX_HEADS
+from .state import (
     BackfillParts,
     Gap,
     Held,
@@ -28,8 +30,6 @@ from .backfill_state import (
     bounded_put,
     event_links,
 )
-from .events import Out
-from .repair_messages import MAX_HEADS
 
 __all__ = ["RESTORE_MERGE_WALK", "CausalOrder"]
 
@@ -39,7 +39,7 @@ got (one local store read each)."""
 
 
 class CausalOrder(BackfillParts):
-    """The causal-order part of :class:`~pulsar.proto.backfill.Backfill`: holding, delivering
+    """The causal-order part of :class:`~pulsar.proto.repair.backfill.Backfill`: holding, delivering
     in order, heads, the horizon."""
 
     def open(

@@ -3,10 +3,10 @@
 Owns :class:`Outgoing` (one per large event being sent) and :class:`Sender`: the targets
 and helpers (``fanout``, ``also``), the EVENT first then the blocks in pre-order, staggered
 groups, token-bucket pacing round-robin across events, IDONTWANT and FWANT answers, and the
-bound on bytes held to be sent. See :mod:`pulsar.proto.fragments` for the whole design.
+bound on bytes held to be sent. See :mod:`pulsar.proto.fragments.layer` for the whole design.
 
 Why separate: pacing and staggering are about this node's uplink and know nothing of
-verifying what arrives; the receiving half (:mod:`pulsar.proto.fragment_receiving`) only
+verifying what arrives; the receiving half (:mod:`pulsar.proto.fragments.receiving`) only
 feeds verified blocks in here and asks for a sending to be started or abandoned.
 """
 
@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 from dag import CID, PeerId, cid_of
 from dag.cid import DAG_CBOR, RAW
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+from pulsar.proto.timers import FragmentTick
+from pulsar.proto.tree.messages import MAX_ALSO, Event
 
-from . import events as ev
-from .events import Out
-from .fragment_messages import Fragment, FWant, IDontWant
-from .messages import MAX_ALSO, Event
-from .timers import FragmentTick
+from .messages import Fragment, FWant, IDontWant
 
 if TYPE_CHECKING:
-    from .fragment_config import FragmentConfig
+    from .config import FragmentConfig
 
 __all__ = ["Outgoing", "Sender"]
 
@@ -66,7 +66,7 @@ class Outgoing:
 
 class Sender:
     """The sending state of one node's fragment layer (config and metrics are the
-    :class:`~pulsar.proto.fragments.Fragments` ones, shared)."""
+    :class:`~pulsar.proto.fragments.layer.Fragments` ones, shared)."""
 
     def __init__(self, config: FragmentConfig, metrics: dict[str, int]) -> None:
         self.config = config

@@ -5,7 +5,7 @@ Two rules live here. A topic's **meta topic** allows only the topic's author to 
 (``allowedPublishers`` enabled with an empty list: the author always may), so nobody else
 can announce versions or make every subscriber fetch what a meta event names. A **new
 version** links the latest as ``parent``, keeps the meta topic, and records the topic's
-heads at that moment (see :mod:`pulsar.proto.versions` for why).
+heads at that moment (see :mod:`pulsar.proto.versions.lineage` for why).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dag import CID, Identity, PublishRule, TopicDescriptor
-
-from .events import CreateTopic, TopicChanges
+from pulsar.proto.events import CreateTopic, TopicChanges
 
 __all__ = ["build_topic", "build_version"]
 

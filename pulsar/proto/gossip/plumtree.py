@@ -25,7 +25,7 @@ which are never pruned: they are the tree. This layer adds, per topic:
   came over a grafted link, the announcer is grafted and that sender pruned. Tree edges
   are not swapped: join routing keeps the tree acyclic, which a swap could undo;
 * **waits that follow the network**: both graft timers are at least the RTO
-  (:mod:`pulsar.proto.rtt`) of the links the copy should come over.
+  (:mod:`pulsar.proto.tree.rtt`) of the links the copy should come over.
 
 As in iroh-gossip's ``proto/plumtree``, timers are outputs (``SetTimer``) and come back as
 inputs; the core owns tree membership and calls in here.
@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from typing import assert_never
 
 from dag import CID, PeerId
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+from pulsar.proto.timers import DispatchTimer, GraftTimer, PlumtreeTimer, ShuffleTimer
+from pulsar.proto.tree.messages import Event
+from pulsar.proto.tree.rtt import RttTable
 
-from . import events as ev
-from .events import Out
-from .gossip_messages import MAX_IHAVE, MAX_SAMPLE, Graft, IHave, Prune, Shuffle
-from .messages import Event
-from .rtt import RttTable
-from .timers import DispatchTimer, GraftTimer, PlumtreeTimer, ShuffleTimer
+from .messages import MAX_IHAVE, MAX_SAMPLE, Graft, IHave, Prune, Shuffle
 
 __all__ = ["DispatchTimer", "GraftTimer", "Plumtree", "PlumtreeConfig", "ShuffleTimer"]
 

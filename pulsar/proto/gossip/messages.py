@@ -1,7 +1,7 @@
 """Wire messages of the lazy-repair (Plumtree) layer: IHAVE, GRAFT, PRUNE, SHUFFLE.
 
-They follow :mod:`pulsar.proto.messages` (one DAG-CBOR map with a ``t`` key, every field
-validated on decode); :mod:`pulsar.proto.wire` lists them.
+They follow :mod:`pulsar.proto.tree.messages` (one DAG-CBOR map with a ``t`` key, every field
+validated on decode); :mod:`pulsar.proto.wire.codec` lists them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId
-
-from .fields import MAX_HOPS, MessageError, link_field, uint_field
+from pulsar.proto.fields import MAX_HOPS, MessageError, link_field, uint_field
 
 __all__ = ["MAX_IHAVE", "MAX_SAMPLE", "Graft", "IHave", "Prune", "Shuffle", "parse_sample"]
 

@@ -119,10 +119,22 @@ from collections.abc import Callable
 from typing import assert_never
 
 from dag import CID, EventDescriptor
+from pulsar.proto import events as ev
+from pulsar.proto.events import GapReported, Out
+from pulsar.proto.timers import (
+    BackfillTimer,
+    GapTimeout,
+    HeadsTick,
+    RetryFetch,
+    RetryLost,
+    WantTimeout,
+)
+from pulsar.proto.tree.rtt import RttTable
 
-from . import events as ev
 from .anti_entropy import AntiEntropy
-from .backfill_state import (
+from .causal import CausalOrder
+from .gaps import GapFetching
+from .state import (
     REPAIR_HOP,
     UNVOUCHED,
     BackfillConfig,
@@ -135,11 +147,6 @@ from .backfill_state import (
     Verify,
     event_links,
 )
-from .causal import CausalOrder
-from .events import GapReported, Out
-from .gaps import GapFetching
-from .rtt import RttTable
-from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, RetryLost, WantTimeout
 
 __all__ = [
     "REPAIR_HOP",

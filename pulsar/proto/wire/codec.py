@@ -6,7 +6,7 @@ so peers that predate them still read it) and validates its values in ``from_wir
 table of types is written out here, not filled in as modules happen to be imported, so
 what a node accepts is one list a reader can check against ``docs/protocol.md``.
 :func:`decode_message` returns the closed union :data:`Message`; anything malformed
-raises :class:`~pulsar.proto.messages.MessageError`.
+raises :class:`~pulsar.proto.tree.messages.MessageError`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import Any, Final
 from dag import encode
 from dag.codec import decode_fast
 from dag.errors import CodecError
-
-from .batch_messages import BATCH_KINDS, Batch
-from .fields import MAX_MESSAGE_SIZE, MessageError
-from .flood_messages import Subs
-from .fragment_messages import Fragment, FWant, IDontWant
-from .gossip_messages import Graft, IHave, Prune, Shuffle
-from .membership_messages import (
+from pulsar.proto.fields import MAX_MESSAGE_SIZE, MessageError
+from pulsar.proto.flood.messages import Subs
+from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
+from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.membership.messages import (
     Disconnect,
     ForwardJoin,
     HvJoin,
@@ -33,8 +31,10 @@ from .membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from .messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from .repair_messages import Blocks, Heads, HeadsDigest, Joined, Want
+from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want
+from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
+
+from .batch import BATCH_KINDS, Batch
 
 __all__ = ["MESSAGE_TYPES", "Message", "decode_message", "encode_message"]
 

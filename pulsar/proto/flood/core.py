@@ -43,14 +43,14 @@ from dag import (
     check_rights,
 )
 from dag.cid import cid_of
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+from pulsar.proto.timers import Greet
+from pulsar.proto.tree.messages import Event
+from pulsar.proto.tree.routing import Routing, TreeView
+from pulsar.proto.versions.descriptors import build_topic, build_version
 
-from . import events as ev
-from .events import Out
-from .flood_messages import MAX_SUBS, Subs
-from .messages import Event
-from .timers import Greet
-from .topics import build_topic, build_version
-from .tree import Routing, TreeView
+from .messages import MAX_SUBS, Subs
 
 __all__ = ["FloodConfig", "FloodCore", "Greet", "Subs"]
 

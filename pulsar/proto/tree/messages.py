@@ -2,7 +2,7 @@
 frozen dataclasses (their fields' validators are in :mod:`pulsar.proto.fields`).
 
 Each message is one DAG-CBOR map with a ``t`` key naming its type (``T``), the keys
-``FIELDS`` and, when set, any of ``OPTIONAL``; :mod:`pulsar.proto.wire` frames and decodes
+``FIELDS`` and, when set, any of ``OPTIONAL``; :mod:`pulsar.proto.wire.codec` frames and decodes
 them. ``docs/protocol.md`` is the normative description. Decoding uses the fast codec
 (links arrive as raw CID bytes), so every field is re-validated in ``from_wire``: a
 malformed message raises :class:`MessageError` and the caller drops it with a log line.
@@ -15,8 +15,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID, PeerId, check_content_type
 from dag.errors import SchemaError
-
-from .fields import MAX_HOPS, MessageError, bytes_field, link_field, uint_field
+from pulsar.proto.fields import MAX_HOPS, MessageError, bytes_field, link_field, uint_field
 
 __all__ = [
     "MAX_ALSO",
@@ -72,7 +71,7 @@ class Event:
     """An event block travelling ``topic``'s tree; ``hop`` counts tree edges from the
     publisher (for last-delivery-hop figures and Plumtree's tree optimisation).
     ``fragments``: the sender pushes the payload's chunk tree right behind it as FRAGMENT
-    messages (a large event; see :mod:`pulsar.proto.fragment_messages`). Optional on the
+    messages (a large event; see :mod:`pulsar.proto.fragments.messages`). Optional on the
     wire (``frags``), left out when false so older peers read the message. ``also``: peers
     the receiver is asked to push the chunk tree to as well (the sender's payload fan-out is
     limited; these got the EVENT from it), optional on the wire too."""

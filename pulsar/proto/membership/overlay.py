@@ -24,9 +24,9 @@ use it):
   ``near_gain`` is asked (low priority) to replace it.
 
 How topics use it: the core tells active neighbours which topics it is in (INTERESTS,
-:mod:`pulsar.proto.membership_messages`) when a link comes up and when it joins a tree,
+:mod:`pulsar.proto.membership.messages`) when a link comes up and when it joins a tree,
 and Plumtree draws a topic's lazy links from the neighbours that share it
-(:meth:`pulsar.proto.plumtree.Plumtree.learn`). Tree edges still come from join routing
+(:meth:`pulsar.proto.gossip.plumtree.Plumtree.learn`). Tree edges still come from join routing
 over the k-buckets.
 
 Inputs are :meth:`start`, :meth:`on_message`, :meth:`peer_down` and :meth:`on_timer`;
@@ -43,10 +43,11 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from dag import PeerId
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+from pulsar.proto.timers import MembershipTick
 
-from . import events as ev
-from .events import Out
-from .membership_messages import (
+from .messages import (
     MAX_VIEW_SAMPLE,
     Disconnect,
     ForwardJoin,
@@ -57,7 +58,6 @@ from .membership_messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
-from .timers import MembershipTick
 
 __all__ = ["Membership", "MembershipConfig"]
 

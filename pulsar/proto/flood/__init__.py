@@ -1,0 +1,2 @@
+"""Floodsub, the baseline Pulsarcast is measured against, and its one message
+(SUBS)."""
