@@ -47,7 +47,7 @@ from .handshake import PROLOGUE, PROLOGUE_PLAINTEXT, Handshake, StaticKey
 from .noise import CipherState, NoiseError
 from .secure import MAX_RECORD, RecordDecoder, encode_record, seal
 
-__all__ = ["ConnState", "Connection", "ConnectionOwner"]
+__all__ = ["ConnState", "Connection", "ConnectionOwner", "TransportView"]
 
 logger = logging.getLogger("pulsar.net")
 
@@ -110,6 +110,17 @@ class ConnectionOwner(Protocol):
 
     def conn_lost(self, conn: Connection) -> None:
         """The connection is closed, whatever the reason; called once."""
+
+
+class TransportView(ConnectionOwner, Protocol):
+    """What the transport's own parts (the peer writer, the dialer, the connection
+    registry) read of the transport that builds them: they are handed this view rather
+    than the transport class, so none of them imports the module that imports them."""
+
+    @property
+    def peer_id(self) -> PeerId: ...
+    @property
+    def closed(self) -> bool: ...
 
 
 class Connection(asyncio.Protocol):

@@ -17,16 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dag import PeerId
 
-from .connection import Connection
+from .connection import Connection, TransportView
 from .errors import PeerUnreachable, TransportClosed
 from .peer import Peer, PeerWriter
-
-if TYPE_CHECKING:  # the transport owns the dialer: only the type is needed here
-    from .transport import Transport
 
 __all__ = ["DialFailed", "Dialer", "fmt_address"]
 
@@ -46,7 +43,7 @@ class Dialer:
     """The dials of one transport. Built by :class:`~pulsar.net.transport.Transport`, which
     owns the connections it opens; ``writer`` discards what a failed burst leaves queued."""
 
-    def __init__(self, transport: Transport, writer: PeerWriter) -> None:
+    def __init__(self, transport: TransportView, writer: PeerWriter) -> None:
         self._transport = transport
         self._writer = writer
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -23,15 +23,12 @@ import logging
 import struct
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from dag import PeerId
 
-from .connection import Connection
+from .connection import Connection, TransportView
 from .secure import MAX_RECORD_PLAINTEXT
-
-if TYPE_CHECKING:  # the transport owns the writer: only the type is needed here
-    from .transport import Transport
 
 __all__ = ["Peer", "PeerWriter"]
 
@@ -74,7 +71,7 @@ class PeerWriter:
     """Writes the queues of one transport's peers to their connections. Built by
     :class:`~pulsar.net.transport.Transport`, whose id, fault injector and stats it uses."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: TransportView) -> None:
         self._transport = transport
         self._queue_limit = transport.config.send_queue
 

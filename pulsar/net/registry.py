@@ -18,19 +18,20 @@ call; they share the table of peers.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Final
 
 from dag import PeerId
 
-from .connection import Connection, ConnState
+from .connection import Connection, ConnState, TransportView
 from .dialer import Dialer, fmt_address
 from .framing import FLAG_ORPHAN
 from .peer import Peer, PeerWriter
 
-if TYPE_CHECKING:  # the transport owns the registry: only the type is needed here
-    from .transport import PeerDownHandler, PeerUpHandler, Transport
+__all__ = ["ConnectionRegistry", "PeerDownHandler", "PeerUpHandler"]
 
-__all__ = ["ConnectionRegistry"]
+PeerUpHandler = Callable[[PeerId, tuple[str, int]], None]
+PeerDownHandler = Callable[[PeerId], None]
 
 logger = logging.getLogger("pulsar.net")
 
@@ -43,7 +44,7 @@ class ConnectionRegistry:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: TransportView,
         peers: dict[PeerId, Peer],
         writer: PeerWriter,
         dialer: Dialer,

@@ -39,15 +39,13 @@ from .errors import PeerUnreachable, TransportClosed
 from .faults import FaultInjector
 from .handshake import StaticKey
 from .peer import Peer, PeerWriter
-from .registry import ConnectionRegistry
+from .registry import ConnectionRegistry, PeerDownHandler, PeerUpHandler
 
 __all__ = ["ConnectionInfo", "FrameHandler", "PeerDownHandler", "PeerUpHandler", "Transport"]
 
 logger = logging.getLogger("pulsar.net")
 
 FrameHandler = Callable[[PeerId, bytes], None]
-PeerUpHandler = Callable[[PeerId, tuple[str, int]], None]
-PeerDownHandler = Callable[[PeerId], None]
 
 
 @dataclass(frozen=True, slots=True)
