@@ -43,6 +43,8 @@ from dag import (
     TopicDescriptor,
     cid_of,
 )
+from pulsar.proto.batch.messages import Batch
+from pulsar.proto.batch.packing import coalesce
 from pulsar.proto.flood.messages import Subs
 from pulsar.proto.fragments.layer import Fragments
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
@@ -66,8 +68,6 @@ from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestTo
 from pulsar.proto.tree.routing import Routing, Tree, TreeRouter, TreeView
 from pulsar.proto.tree.rtt import RttConfig, RttTable
 from pulsar.proto.versions.lineage import TopicVersions
-from pulsar.proto.wire.batch import Batch
-from pulsar.proto.wire.batching import coalesce
 
 from . import events as ev
 from .adoption import TopicJob, VersionAdoption

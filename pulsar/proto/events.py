@@ -22,9 +22,24 @@ from typing import Literal
 
 from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
 from dag.records import HeadsRecord
-from pulsar.proto.wire.codec import Message
 
+from .batch.messages import Batch
+from .flood.messages import Subs
+from .fragments.messages import Fragment, FWant, IDontWant
+from .gossip.messages import Graft, IHave, Prune, Shuffle
+from .membership.messages import (
+    Disconnect,
+    ForwardJoin,
+    HvJoin,
+    Interests,
+    Neighbor,
+    NeighborReply,
+    ViewShuffle,
+    ViewShuffleReply,
+)
+from .repair.messages import Blocks, Heads, HeadsDigest, Joined, Want
 from .timers import Timer
+from .tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 
 __all__ = [
     "BlockFetched",
@@ -63,6 +78,38 @@ __all__ = [
     "UpdateTopic",
     "VersionAdopted",
 ]
+
+Message = (
+    Join
+    | Leave
+    | Event
+    | RequestToPublish
+    | Ping
+    | Pong
+    | IHave
+    | Graft
+    | Prune
+    | Shuffle
+    | Want
+    | Blocks
+    | Heads
+    | HeadsDigest
+    | Joined
+    | Subs
+    | Batch
+    | Fragment
+    | IDontWant
+    | FWant
+    | HvJoin
+    | ForwardJoin
+    | Neighbor
+    | NeighborReply
+    | Disconnect
+    | ViewShuffle
+    | ViewShuffleReply
+    | Interests
+)
+"""Every message a peer can send (what :func:`pulsar.proto.codec.decode_message` returns)."""
 
 
 

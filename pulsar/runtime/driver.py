@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, Final, assert_never
 from dag import CID, BlockStore, EventDescriptor, Identity, PeerId
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
+from pulsar.proto.codec import decode_message, encode_message
+from pulsar.proto.events import Message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.flood.core import FloodCore
-from pulsar.proto.wire.codec import Message, decode_message, encode_message
 
 from ..net.errors import PeerUnreachable
 from ..net.transport import Transport

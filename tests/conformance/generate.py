@@ -47,6 +47,9 @@ from pulsar.net.framing import encode_data
 from pulsar.net.handshake import PROLOGUE, Handshake, StaticKey
 from pulsar.net.noise import PROTOCOL_NAME
 from pulsar.net.secure import seal
+from pulsar.proto.batch.messages import Batch
+from pulsar.proto.codec import encode_message
+from pulsar.proto.events import Message
 from pulsar.proto.flood.messages import Subs
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
@@ -62,8 +65,6 @@ from pulsar.proto.membership.messages import (
 )
 from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want, heads_digest
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from pulsar.proto.wire.batch import Batch
-from pulsar.proto.wire.codec import Message, encode_message
 
 __all__ = [
     "FILES",

@@ -12,7 +12,7 @@ import pytest
 from dag import CID, EventDescriptor, TopicDescriptor, cid_of, decode
 from dag.chunks import assemble
 from pulsar.net.framing import Kind, encode_data
-from pulsar.proto.wire.codec import MESSAGE_TYPES, decode_message, encode_message
+from pulsar.proto.codec import MESSAGE_TYPES, decode_message, encode_message
 
 from .generate import HERE, readable
 

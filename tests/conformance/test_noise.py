@@ -18,7 +18,7 @@ from pulsar.net.framing import FrameDecoder, Kind
 from pulsar.net.handshake import STATIC_KEY_CONTEXT, Handshake, StaticKey
 from pulsar.net.noise import PROTOCOL_NAME, CipherState
 from pulsar.net.secure import RecordDecoder, seal
-from pulsar.proto.wire.codec import decode_message
+from pulsar.proto.codec import decode_message
 
 from .generate import HERE, readable
 

@@ -16,8 +16,8 @@ from dag.codec import encode
 from dag.errors import CodecError
 from pulsar.net.errors import FrameTooLarge
 from pulsar.net.framing import FrameDecoder, encode_frame
+from pulsar.proto.codec import MESSAGE_TYPES, decode_message, encode_message
 from pulsar.proto.fields import MessageError
-from pulsar.proto.wire.codec import MESSAGE_TYPES, decode_message, encode_message
 
 from .conftest import FUZZ
 from .strategies import mutated, values

@@ -142,8 +142,8 @@ async def test_bad_frames_and_forged_events_are_rejected(
     # A malformed frame from an authenticated peer.
     await relay.transport.send(reader.peer_id, reader.address, b"\xff\x00garbage")
     # An event by a non-allowed publisher, sent straight to the reader.
+    from pulsar.proto.codec import encode_message
     from pulsar.proto.tree.messages import Event
-    from pulsar.proto.wire.codec import encode_message
 
     forged = EventDescriptor.create(relay.identity, topic.cid, b"forged")
     await relay.transport.send(

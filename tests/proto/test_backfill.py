@@ -25,6 +25,7 @@ from dag import (
 from dag.codec import decode, encode_reference_free
 from dag.descriptors import iso_timestamp
 from pulsar.proto import events as ev
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.repair import messages as repair_messages
 from pulsar.proto.repair.backfill import (
@@ -49,7 +50,6 @@ from pulsar.proto.repair.messages import (
     heads_digest,
 )
 from pulsar.proto.tree.rtt import RttTable
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 T0 = 1_700_000_000.0
 AUTHOR = Identity.from_seed(b"\x01" * 32)

@@ -8,13 +8,13 @@ import pytest
 
 from dag import Identity, cid_of, encode
 from pulsar.proto import events as ev
+from pulsar.proto.batch.messages import MAX_BATCH, Batch
+from pulsar.proto.batch.packing import coalesce
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
 from pulsar.proto.repair.messages import Heads, Joined
 from pulsar.proto.tree.messages import Event
-from pulsar.proto.wire.batch import MAX_BATCH, Batch
-from pulsar.proto.wire.batching import coalesce
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 TOPIC = cid_of(b"\xa1atb")
 A = Identity.from_seed(b"a" * 32).peer_id

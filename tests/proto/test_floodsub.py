@@ -8,10 +8,10 @@ import pytest
 
 from dag import EventDescriptor, Identity, PeerId, TopicDescriptor
 from pulsar.proto import events as ev
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.flood.core import FloodCore, Greet, Subs
 from pulsar.proto.tree.messages import Event
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 
 class AllPeers:

@@ -10,13 +10,13 @@ from typing import Any
 from dag import EventDescriptor, Identity, TopicDescriptor
 from dag.chunks import local_blocks, split
 from pulsar.proto import events as ev
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.core import CoreConfig
 from pulsar.proto.fragments.config import FragmentConfig
 from pulsar.proto.fragments.layer import Fragments
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.timers import FragmentStall
 from pulsar.proto.tree.messages import MAX_ALSO, Event
-from pulsar.proto.wire.codec import decode_message, encode_message
 from pulsar.tools.sim import SimNetwork
 
 AUTHOR = Identity.from_seed(b"a" * 32)

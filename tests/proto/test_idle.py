@@ -9,8 +9,8 @@ from typing import Any
 
 from dag import CID
 from pulsar.proto import events as ev
+from pulsar.proto.batch.messages import Batch
 from pulsar.proto.membership.overlay import MembershipConfig
-from pulsar.proto.wire.batch import Batch
 from pulsar.tools.sim import SimNetwork
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from dag import Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.membership.messages import (
     MAX_INTERESTS,
@@ -23,7 +24,6 @@ from pulsar.proto.membership.messages import (
 )
 from pulsar.proto.membership.overlay import Membership, MembershipConfig
 from pulsar.proto.timers import MembershipTick
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 ME = Identity.from_seed(b"m" * 32).peer_id
 P = sorted((Identity.from_seed(bytes([i]) * 32).peer_id for i in range(1, 40)), key=bytes)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dag import Identity, cid_of, decode, encode
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.tree.messages import RequestToPublish
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 ALICE = Identity.from_seed(b"a" * 32)
 TOPIC = cid_of(b"\xa1atb")

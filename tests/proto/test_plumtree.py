@@ -9,6 +9,7 @@ import pytest
 
 from dag import CID, Identity, cid_of
 from pulsar.proto import events as ev
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
 from pulsar.proto.gossip.plumtree import (
@@ -19,7 +20,6 @@ from pulsar.proto.gossip.plumtree import (
     ShuffleTimer,
 )
 from pulsar.proto.tree.messages import Event
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 from .test_core import _network, _payloads, _subscribe_all, _topic
 

@@ -11,6 +11,7 @@ import pytest
 
 from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor, cid_of, encode
 from pulsar.proto import events as ev
+from pulsar.proto.batch.messages import Batch
 from pulsar.proto.core import PulsarCore
 from pulsar.proto.gossip.messages import Graft, IHave, Prune
 from pulsar.proto.gossip.plumtree import Plumtree, PlumtreeConfig
@@ -20,7 +21,6 @@ from pulsar.proto.repair.messages import Heads, Joined, Want
 from pulsar.proto.timers import GraftTimer, JoinTimeout
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong
 from pulsar.proto.tree.rtt import RttConfig, RttEstimate, RttTable
-from pulsar.proto.wire.batch import Batch
 from pulsar.tools.sim import SimNetwork
 from tests.proto.test_backfill import PEER, TID, _chain, _core
 from tests.proto.test_core import StaticRouting

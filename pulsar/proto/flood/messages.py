@@ -1,7 +1,7 @@
 """Floodsub's one message of its own, SUBS (events travel in the shared EVENT message).
 
 It follows :mod:`pulsar.proto.tree.messages` (one DAG-CBOR map with a ``t`` key, exactly the
-listed keys, every field validated); :mod:`pulsar.proto.wire.codec` lists it.
+listed keys, every field validated); :mod:`pulsar.proto.codec` lists it.
 """
 
 from __future__ import annotations

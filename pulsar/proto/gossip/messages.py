@@ -1,7 +1,7 @@
 """Wire messages of the lazy-repair (Plumtree) layer: IHAVE, GRAFT, PRUNE, SHUFFLE.
 
 They follow :mod:`pulsar.proto.tree.messages` (one DAG-CBOR map with a ``t`` key, every field
-validated on decode); :mod:`pulsar.proto.wire.codec` lists them.
+validated on decode); :mod:`pulsar.proto.codec` lists them.
 """
 
 from __future__ import annotations

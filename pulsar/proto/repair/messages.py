@@ -1,7 +1,7 @@
 """Wire messages of the backfill layer: WANT, BLOCKS and HEADS.
 
 They follow :mod:`pulsar.proto.tree.messages` (one DAG-CBOR map with a ``t`` key, exactly the
-listed keys, every field validated on decode); :mod:`pulsar.proto.wire.codec` lists them.
+listed keys, every field validated on decode); :mod:`pulsar.proto.codec` lists them.
 
 =========  =====================================================================  ============
 ``t``      keys                                                                   meaning

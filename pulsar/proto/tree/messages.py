@@ -2,7 +2,7 @@
 frozen dataclasses (their fields' validators are in :mod:`pulsar.proto.fields`).
 
 Each message is one DAG-CBOR map with a ``t`` key naming its type (``T``), the keys
-``FIELDS`` and, when set, any of ``OPTIONAL``; :mod:`pulsar.proto.wire.codec` frames and decodes
+``FIELDS`` and, when set, any of ``OPTIONAL``; :mod:`pulsar.proto.codec` frames and decodes
 them. ``docs/protocol.md`` is the normative description. Decoding uses the fast codec
 (links arrive as raw CID bytes), so every field is re-validated in ``from_wire``: a
 malformed message raises :class:`MessageError` and the caller drops it with a log line.

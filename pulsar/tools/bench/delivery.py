@@ -79,9 +79,9 @@ from pulsar.config import NodeConfig
 from pulsar.net.config import TransportConfig
 from pulsar.net.faults import FaultInjector
 from pulsar.node import Node, PublishError
+from pulsar.proto.codec import encode_message
 from pulsar.proto.core import CoreConfig
 from pulsar.proto.tree.messages import Event
-from pulsar.proto.wire.codec import encode_message
 from pulsar.runtime.subscription import Subscription
 
 from .worker import copies_received

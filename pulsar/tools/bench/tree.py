@@ -55,8 +55,8 @@ from dag import CID, EventDescriptor, Identity, TopicDescriptor
 from pulsar.config import NodeConfig
 from pulsar.net.transport import Transport
 from pulsar.node import Node
+from pulsar.proto.codec import encode_message
 from pulsar.proto.tree.messages import Event, Join
-from pulsar.proto.wire.codec import encode_message
 
 from .control import WorkerProcess
 from .timing import percentile

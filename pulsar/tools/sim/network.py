@@ -34,11 +34,11 @@ from dag.chunks import split
 from dag.records import HeadsRecord, heads_record_key
 from dht.config import DhtConfig
 from pulsar.proto import events as ev
+from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.core import CoreConfig, PulsarCore
 from pulsar.proto.driven import Core
 from pulsar.proto.flood.core import FloodCore
 from pulsar.proto.repair.messages import Blocks
-from pulsar.proto.wire.codec import decode_message, encode_message
 
 from .dht import SimDht
 from .routing import IdSpace, KnownPeers, node_id

@@ -3,7 +3,7 @@
 A node in thousands of topics would otherwise send thousands of small frames per period to
 the same neighbour (HEADS, IHAVE, SHUFFLE, PRUNE, GRAFT, each naming one topic). The core
 packs every such message it emits to one peer in one step into a BATCH
-(:func:`pulsar.proto.wire.batching.coalesce`),
+(:func:`pulsar.proto.batch.packing.coalesce`),
 so control traffic costs one frame per neighbour per period. Only those kinds may be inside
 (never a BATCH, never an event or a JOIN), at most :data:`MAX_BATCH` of them, and the
 receiver handles them in order exactly as if they had come one by one.

@@ -17,7 +17,8 @@ from typing import Any, Final
 from dag import encode
 from dag.codec import decode_fast
 from dag.errors import CodecError
-from pulsar.proto.fields import MAX_MESSAGE_SIZE, MessageError
+from pulsar.proto.batch.messages import BATCH_KINDS, Batch
+from pulsar.proto.events import Message
 from pulsar.proto.flood.messages import Subs
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
@@ -34,41 +35,9 @@ from pulsar.proto.membership.messages import (
 from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 
-from .batch import BATCH_KINDS, Batch
+from .fields import MAX_MESSAGE_SIZE, MessageError
 
-__all__ = ["MESSAGE_TYPES", "Message", "decode_message", "encode_message"]
-
-Message = (
-    Join
-    | Leave
-    | Event
-    | RequestToPublish
-    | Ping
-    | Pong
-    | IHave
-    | Graft
-    | Prune
-    | Shuffle
-    | Want
-    | Blocks
-    | Heads
-    | HeadsDigest
-    | Joined
-    | Subs
-    | Batch
-    | Fragment
-    | IDontWant
-    | FWant
-    | HvJoin
-    | ForwardJoin
-    | Neighbor
-    | NeighborReply
-    | Disconnect
-    | ViewShuffle
-    | ViewShuffleReply
-    | Interests
-)
-"""Every message a peer can send (what :func:`decode_message` returns)."""
+__all__ = ["MESSAGE_TYPES", "decode_message", "encode_message"]
 
 MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Join, Leave, Event, RequestToPublish, Ping, Pong,  # trees and events (protocol.md §3)

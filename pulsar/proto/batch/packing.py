@@ -1,5 +1,5 @@
 """Packing a step's control messages per neighbour into BATCH messages (see
-:mod:`pulsar.proto.wire.batch` for why)."""
+:mod:`pulsar.proto.batch.messages` for why)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pulsar.proto import events as ev
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
 from pulsar.proto.repair.messages import Heads, HeadsDigest
 
-from .batch import BATCH_BYTES, MAX_BATCH, Batch, BatchItem
+from .messages import BATCH_BYTES, MAX_BATCH, Batch, BatchItem
 
 __all__ = ["coalesce"]
 
