@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from dag import BlockStore, Identity
 from dht import DhtNode
 
 from ..net.transport import Transport
 from .driver import Driver
+from .node_config import NodeConfig
 from .routing import DhtRouting
-
-if TYPE_CHECKING:  # the node's settings; pulsar.config itself imports runtime modules
-    from ..config import NodeConfig
 
 __all__ = ["listen_both", "retry_bootstrap"]
 

@@ -21,7 +21,7 @@ import itertools
 import logging
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Final, assert_never
+from typing import Any, Final, assert_never
 
 from dag import CID, BlockStore, EventDescriptor, Identity, PeerId
 from dag.records import HeadsRecord
@@ -38,15 +38,13 @@ from ..proto.core import PulsarCore
 from ..proto.driven import Core
 from ..proto.timers import Timer
 from .errors import NotPersisted, NotRecorded, PublishError
+from .node_config import NodeConfig
 from .node_state import NodeState
 from .payloads import Payloads
 from .peer_faults import PeerFaults
 from .routing import DhtRouting
 from .subscription import Subscription
 from .writes import WriteBehind
-
-if TYPE_CHECKING:  # the node's settings; pulsar.config itself imports runtime modules
-    from ..config import NodeConfig
 
 __all__ = ["LOCATE_MISS_FOR", "STOP_FLUSH_TIMEOUT", "Driver"]
 

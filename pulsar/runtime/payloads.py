@@ -19,17 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dag import CID, BlockStore, EventDescriptor, check_content_type
 from dag.chunks import assemble, split
 from dht import DhtNode
 
 from .errors import NotPersisted, NotRecorded, PayloadTooLarge
+from .node_config import NodeConfig
 from .writes import WriteBehind
-
-if TYPE_CHECKING:  # the node's settings; pulsar.config itself imports runtime modules
-    from ..config import NodeConfig
 
 __all__ = ["Payloads"]
 
