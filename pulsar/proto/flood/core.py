@@ -45,12 +45,12 @@ from dag import (
 from dag.cid import cid_of
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
-from pulsar.proto.timers import Greet
 from pulsar.proto.tree.messages import Event
 from pulsar.proto.tree.routing import Routing, TreeView
 from pulsar.proto.versions.descriptors import build_topic, build_version
 
 from .messages import MAX_SUBS, Subs
+from .timers import Greet
 
 __all__ = ["FloodConfig", "FloodCore", "Greet", "Subs"]
 

@@ -47,13 +47,13 @@ from collections.abc import Callable
 
 from dag import CID, EventDescriptor, PeerId
 from pulsar.proto.events import Out
-from pulsar.proto.timers import FragmentStall
 from pulsar.proto.tree.messages import Event
 
 from .config import FragmentConfig
 from .messages import Fragment, FWant, IDontWant
 from .receiving import Completed, Partial, Receiver
 from .sending import Outgoing, Sender
+from .timers import FragmentStall
 
 __all__ = ["Completed", "Fragments", "Outgoing", "Partial"]
 

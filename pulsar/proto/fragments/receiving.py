@@ -24,11 +24,11 @@ from dag.cid import DAG_CBOR, RAW
 from dag.errors import ChunkError
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
-from pulsar.proto.timers import FragmentStall
 from pulsar.proto.tree.messages import Event
 
 from .messages import MAX_WANTED, Fragment, FWant, IDontWant
 from .sending import Sender
+from .timers import FragmentStall
 
 if TYPE_CHECKING:
     from .config import FragmentConfig

@@ -22,10 +22,10 @@ from dag import CID, PeerId, cid_of
 from dag.cid import DAG_CBOR, RAW
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
-from pulsar.proto.timers import FragmentTick
 from pulsar.proto.tree.messages import MAX_ALSO, Event
 
 from .messages import Fragment, FWant, IDontWant
+from .timers import FragmentTick
 
 if TYPE_CHECKING:
     from .config import FragmentConfig

@@ -42,11 +42,11 @@ from typing import assert_never
 from dag import CID, PeerId
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
-from pulsar.proto.timers import DispatchTimer, GraftTimer, PlumtreeTimer, ShuffleTimer
 from pulsar.proto.tree.messages import Event
 from pulsar.proto.tree.rtt import RttTable
 
 from .messages import MAX_IHAVE, MAX_SAMPLE, Graft, IHave, Prune, Shuffle
+from .timers import DispatchTimer, GraftTimer, PlumtreeTimer, ShuffleTimer
 
 __all__ = ["DispatchTimer", "GraftTimer", "Plumtree", "PlumtreeConfig", "ShuffleTimer"]
 

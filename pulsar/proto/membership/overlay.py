@@ -45,7 +45,6 @@ from typing import assert_never
 from dag import PeerId
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
-from pulsar.proto.timers import MembershipTick
 
 from .messages import (
     MAX_VIEW_SAMPLE,
@@ -58,6 +57,7 @@ from .messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
+from .timers import MembershipTick
 
 __all__ = ["Membership", "MembershipConfig"]
 

@@ -121,14 +121,6 @@ from typing import assert_never
 from dag import CID, EventDescriptor
 from pulsar.proto import events as ev
 from pulsar.proto.events import GapReported, Out
-from pulsar.proto.timers import (
-    BackfillTimer,
-    GapTimeout,
-    HeadsTick,
-    RetryFetch,
-    RetryLost,
-    WantTimeout,
-)
 from pulsar.proto.tree.rtt import RttTable
 
 from .anti_entropy import AntiEntropy
@@ -147,6 +139,7 @@ from .state import (
     Verify,
     event_links,
 )
+from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, RetryLost, WantTimeout
 
 __all__ = [
     "REPAIR_HOP",

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dag import CID, PeerId, cid_of
 from pulsar.proto import events as ev
 from pulsar.proto.events import GapReported, Out
-from pulsar.proto.timers import GapTimeout, RetryFetch, RetryLost, WantTimeout
 
 from .messages import MAX_HAVE, Blocks, Want
 from .state import (
@@ -24,6 +23,7 @@ from .state import (
     Unvouched,
     bounded_put,
 )
+from .timers import GapTimeout, RetryFetch, RetryLost, WantTimeout
 
 __all__ = ["GapFetching"]
 

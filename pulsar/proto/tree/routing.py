@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Protocol, assert_never
 from dag import CID, PeerId, TopicDescriptor
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
-from pulsar.proto.timers import JoinTimeout, RetryParent, RootCheck
 
 from .messages import Join, Leave, RequestToPublish
 from .rtt import RttTable
+from .timers import JoinTimeout, RetryParent, RootCheck
 
 if TYPE_CHECKING:
     from pulsar.proto.config import CoreConfig
