@@ -33,7 +33,7 @@ from dag.history import causal_order
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 from pulsar.proto.repair.backfill import event_links
-from pulsar.proto.versions.lineage import TopicVersions
+from pulsar.proto.versions.lineage import MAX_VERSION_CHAIN, TopicVersions
 
 __all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "ReplayIncomplete",
            "ReplaySource", "replay_history"]
@@ -157,7 +157,8 @@ async def _learn_version(node: ReplaySource, versions: TopicVersions, cid: CID) 
     """Register ``cid`` and the versions between it and what is known (author checked)."""
     chain: list[TopicDescriptor] = []
     cursor: CID | None = cid
-    while cursor is not None and versions.get(cursor) is None and len(chain) < 64:
+    while (cursor is not None and versions.get(cursor) is None
+           and len(chain) < MAX_VERSION_CHAIN):
         try:
             topic = await node.get_topic(cursor)
         except LookupError:

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dag import CID, BlockStore, InvalidDescriptor, TopicDescriptor
 
 from ..proto import events as ev
+from ..proto.versions.lineage import MAX_VERSION_CHAIN, lineage_problem
 from .driver import Driver
 from .errors import TopicNotFound
 from .node_state import NodeState
@@ -65,17 +66,16 @@ class Topics:
     async def lineage(self, topic_cid: CID) -> tuple[TopicDescriptor, tuple[TopicDescriptor, ...]]:
         """The topic's first version (trees are named by it) and the later versions on the
         way from ``topic_cid`` back to it, oldest first."""
-        topic = await self.get(topic_cid)
-        later: list[TopicDescriptor] = []
-        while topic.parent is not None:
-            if len(later) >= 64:
-                raise TopicNotFound("topic version chain longer than 64")
-            later.append(topic)
-            parent = await self.get(topic.parent)
-            if parent.author != topic.author:
-                raise TopicNotFound(f"version {topic.cid} has another author than its parent")
-            topic = parent
-        return topic, tuple(reversed(later))
+        chain = [await self.get(topic_cid)]
+        while (parent := chain[-1].parent) is not None:
+            if len(chain) >= MAX_VERSION_CHAIN:
+                raise TopicNotFound(f"topic version chain longer than {MAX_VERSION_CHAIN}")
+            chain.append(await self.get(parent))
+        chain.reverse()
+        problem = lineage_problem(chain)  # the core's rule, not a second copy of it
+        if problem is not None:
+            raise TopicNotFound(problem)
+        return chain[0], tuple(chain[1:])
 
     async def join(
         self,
@@ -140,7 +140,8 @@ class Topics:
             return
         versions: list[TopicDescriptor] = []
         cursor = self._state.latest_version(topic_cid)
-        while cursor is not None and cursor != topic_cid and len(versions) < 64:
+        while (cursor is not None and cursor != topic_cid
+               and len(versions) < MAX_VERSION_CHAIN):
             block = self._store.get(cursor)
             if block is None:
                 break

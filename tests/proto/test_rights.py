@@ -523,3 +523,22 @@ def test_adopting_a_revocation_fetches_the_history_it_records() -> None:
     assert asked, out
     out = core.handle(ev.BlockFetched(x1.cid, x1.block), 3001.2)
     assert _rejected(out) == [] and _delivered(out) == [x1.cid]
+
+
+def test_a_lineage_walked_outside_the_core_is_judged_by_the_core_rule() -> None:
+    """The runtime resolves a version CID to its lineage by fetching parents; whether that
+    chain is one topic's is decided by the same rule as TopicVersions.add."""
+    from pulsar.proto.versions.lineage import MAX_VERSION_CHAIN, lineage_problem
+
+    _, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    v2 = _version(v1, [], allowed_publishers=[CAROL.peer_id])
+    assert lineage_problem([v1, v2]) is None
+    forged = TopicDescriptor.create(BOB, "t", meta=v1.meta, parent=v1.cid, now=2000.0)
+    assert "another author" in (lineage_problem([v1, forged]) or "")
+    assert "does not follow" in (lineage_problem([v1, _version(v2, [])]) or "")
+    chain = [v1]
+    for i in range(MAX_VERSION_CHAIN):
+        chain.append(TopicDescriptor.create(AUTHOR, "t", meta=v1.meta, parent=chain[-1].cid,
+                                            now=2000.0 + i))
+    assert lineage_problem(chain[:MAX_VERSION_CHAIN]) is None
+    assert "longer than" in (lineage_problem(chain) or "")

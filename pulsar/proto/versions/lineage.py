@@ -24,12 +24,13 @@ refused.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from dag import CID, EventDescriptor, InvalidDescriptor, TopicDescriptor, check_rights
 
-__all__ = ["MAX_VERSION_CHAIN", "Added", "TopicVersions"]
+__all__ = ["MAX_VERSION_CHAIN", "Added", "TopicVersions", "lineage_problem"]
 
 MAX_VERSION_CHAIN: Final = 64
 """Versions of one topic beyond this are refused (a chain walked on every lookup)."""
@@ -221,3 +222,19 @@ class TopicVersions:
         sanctioned[cid] = None
         if len(sanctioned) > self._sanctioned_limit:
             sanctioned.popitem(last=False)
+
+
+def lineage_problem(chain: Sequence[TopicDescriptor]) -> str | None:
+    """Why ``chain`` (a first version, then later versions oldest first, each the parent
+    of the next) is not one topic's lineage, or None. It is the rule :meth:`TopicVersions.add`
+    applies (the same author on every link, fewer than :data:`MAX_VERSION_CHAIN` versions),
+    for a walk made outside the core (the runtime resolving a CID it was given), so both
+    judge a lineage alike."""
+    versions = TopicVersions()
+    for topic in chain:
+        added = versions.add(topic)
+        if added.refused is not None:
+            return added.refused
+        if added.missing is not None:
+            return f"topic version {topic.cid} does not follow the one before it"
+    return None
