@@ -28,16 +28,13 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kademlia.node import Node
 
 from .addresses import AddressMemory
+from .protocol_view import ProtocolView
 from .ratelimit import LogThrottle
 from .routing_table import node_address
-
-if TYPE_CHECKING:  # the protocol owns this: only the type is needed here
-    from .protocol import PulsarProtocol
 
 __all__ = ["MAX_SILENT", "ContactLiveness"]
 
@@ -67,7 +64,7 @@ class ContactLiveness:
     """The liveness of one protocol's contacts. Built by :class:`dht.protocol.PulsarProtocol`,
     whose routing table, book, stats and RPCs it uses."""
 
-    def __init__(self, protocol: PulsarProtocol) -> None:
+    def __init__(self, protocol: ProtocolView) -> None:
         self._protocol = protocol
         self._silent: dict[Address, float] = {}  # address -> monotonic end of quarantine
         self._departed: OrderedDict[bytes, float] = OrderedDict()  # id -> when removed

@@ -68,9 +68,10 @@ from kademlia.protocol import KademliaProtocol
 from .config import DhtConfig
 from .liveness import ContactLiveness
 from .peers import Contact, PeerBook, closest
+from .protocol_view import RpcResult
 from .ratelimit import LogThrottle
 from .routing_table import PulsarRoutingTable
-from .rpc_client import RpcClient, RpcResult
+from .rpc_client import RpcClient
 from .rpc_server import RpcServer
 from .stats import DhtStats
 from .storage import RecordStorage

@@ -10,13 +10,11 @@ every part of the DHT reads a contact's address off the package's ``Node``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from kademlia.node import Node
 from kademlia.routing import RoutingTable
 
-if TYPE_CHECKING:  # the protocol owns the table: only the type is needed here
-    from .protocol import PulsarProtocol
+from .protocol_view import ProtocolView
 
 __all__ = ["PulsarRoutingTable", "node_address"]
 
@@ -27,7 +25,7 @@ class PulsarRoutingTable(RoutingTable):  # type: ignore[misc]  # kademlia is unt
     """The package's table, but the ping of a full bucket's oldest contact runs in a task the
     protocol tracks (the package fires and forgets it)."""
 
-    protocol: PulsarProtocol
+    protocol: ProtocolView
 
     def add_contact(self, node: Node) -> None:
         index = self.get_bucket_for(node)

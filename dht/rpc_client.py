@@ -24,11 +24,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from kademlia.node import Node
 
 from .liveness import MAX_SILENT, ContactLiveness
+from .protocol_view import ProtocolView, RpcResult
 from .routing_table import node_address
 from .rpc_server import RpcServer
 from .wire import (
@@ -43,13 +43,7 @@ from .wire import (
     parse_store,
 )
 
-if TYPE_CHECKING:  # the protocol owns this: only the type is needed here
-    from .protocol import PulsarProtocol
-
-__all__ = ["RpcClient", "RpcResult"]
-
-RpcResult = tuple[bool, Any]
-"""``(answered, data)`` as ``rpcudp`` reports it: ``(False, None)`` on timeout."""
+__all__ = ["RpcClient"]
 
 Address = tuple[str, int]
 
@@ -75,7 +69,7 @@ class RpcClient:
     """Sends the RPCs of one protocol. Built by :class:`dht.protocol.PulsarProtocol`, whose
     socket and stats it uses; ``drop`` counts and logs a datagram dropped as a bad answer."""
 
-    def __init__(self, protocol: PulsarProtocol, server: RpcServer, liveness: ContactLiveness,
+    def __init__(self, protocol: ProtocolView, server: RpcServer, liveness: ContactLiveness,
                  drop: Callable[[Address, str], None]) -> None:
         self._protocol = protocol
         self._server = server

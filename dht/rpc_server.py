@@ -22,18 +22,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from kademlia.node import Node
 
 from .address_check import AddressCheck, Verdict
+from .protocol_view import ProtocolView, RpcResult
 from .ratelimit import LogThrottle
 from .store_admission import StoreAdmission, StoreReply
 from .wire import Request, encode_response, holds_bitmap
-
-if TYPE_CHECKING:  # the protocol owns this: only the types are needed here
-    from .protocol import PulsarProtocol
-    from .rpc_client import RpcResult
 
 __all__ = ["RpcServer"]
 
@@ -51,7 +47,7 @@ class RpcServer:
     """Answers the requests one protocol receives. Built by
     :class:`dht.protocol.PulsarProtocol`, whose socket, table, storage and stats it uses."""
 
-    def __init__(self, protocol: PulsarProtocol, admission: StoreAdmission) -> None:
+    def __init__(self, protocol: ProtocolView, admission: StoreAdmission) -> None:
         config = protocol.config
         self._protocol = protocol
         self._admission = admission

@@ -18,13 +18,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .protocol_view import ProtocolView
 from .quota import Refusal, StoreQuota
 from .ratelimit import KeyedLimiter, LogThrottle
-
-if TYPE_CHECKING:  # the protocol owns this: only the type is needed here
-    from .protocol import PulsarProtocol
 
 __all__ = ["StoreAdmission", "StoreReply"]
 
@@ -46,7 +43,7 @@ class StoreAdmission:
     :class:`dht.protocol.PulsarProtocol`, whose storage, book, stats and ``on_over_quota`` it
     uses."""
 
-    def __init__(self, protocol: PulsarProtocol) -> None:
+    def __init__(self, protocol: ProtocolView) -> None:
         config = protocol.config
         self._protocol = protocol
         self._limiter = KeyedLimiter(config.store_rate, config.store_burst,
