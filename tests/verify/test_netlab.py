@@ -36,6 +36,7 @@ from pulsar.tools.netlab.linkfaults import (
 )
 from pulsar.tools.netlab.netns import InterfaceCounters, TestNetwork, cleanup_leftovers
 from pulsar.tools.netlab.nfqueue import QueuedPacket, ShaperCore, ShaperStats, ShapeSpec
+from tests.helpers.netslot import skip_unless_slot_free
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 7000
@@ -174,17 +175,17 @@ def _leftovers(prefix: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def root_only() -> None:
+def _root() -> None:
     reason = netns.available() or linkfaults.available()
     if reason is not None:
         pytest.skip(reason)
-    # One test network per host: while another run (a `pulsarcast verify`) holds it, skip
-    # rather than wait minutes for it.
-    try:
-        netns._acquire_host(timeout=30.0, slot=0)
-    except TimeoutError as error:
-        pytest.skip(f"another test network is up on this host: {error}")
-    netns._release_host()
+
+
+@pytest.fixture
+def root_only(_root: None) -> None:
+    # Checked before each test (and each class's shared network), not once per module: a
+    # verify run may take the slot between two tests.
+    skip_unless_slot_free()
 
 
 # --- pure parts ---------------------------------------------------------------------------
@@ -427,8 +428,9 @@ def test_shaper_decisions_replay_with_the_seed() -> None:
 
 
 @pytest.fixture(scope="class")
-def net(root_only: None) -> Iterator[TestNetwork]:
+def net(_root: None) -> Iterator[TestNetwork]:
     """One 3-node network shared by a class's tests."""
+    skip_unless_slot_free()
     with TestNetwork(_prefix(), 3) as network:
         yield network
 

@@ -18,6 +18,7 @@ from pulsar.tools.verify.cluster import FAKETIME_LIB
 from pulsar.tools.verify.nemesis import schedule
 from pulsar.tools.verify.runner import PREFIX, run_verify
 from pulsar.tools.verify.scenario import FAULT_KINDS, Scenario
+from tests.helpers.netslot import skip_unless_slot_free
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,7 @@ def _missing() -> str | None:
 
 @pytest.mark.skipif(_missing() is not None, reason=f"verify cannot run here: {_missing()}")
 async def test_a_short_verify_run_finds_no_anomaly(tmp_path: Path) -> None:
+    skip_unless_slot_free()
     outcome = await run_verify(SCENARIO, tmp_path / "run", quiet=True)
     summary = outcome.summary
     # Every fault kind was made, each by the mechanism the report names.
