@@ -91,10 +91,14 @@ class PulsarcastClient(_ClientStreams):
     async def create_topic(self, name: str, *, allowed_publishers: list[str] | None = None,
                            request_to_publish: bool | list[str] | None = None,
                            event_linking: str | None = None,
-                           subtopics: Mapping[str, str] | None = None) -> Json:
+                           subtopics: Mapping[str, str] | None = None,
+                           retention: Mapping[str, int] | None = None) -> Json:
         """A new topic authored by the node; ``allowed_publishers=None`` lets anyone
-        publish, ``event_linking="CUSTOM"`` lets publishers choose parents."""
+        publish, ``event_linking="CUSTOM"`` lets publishers choose parents, ``retention``
+        (``max_age`` seconds, ``max_events``) bounds the history every node keeps."""
         body: Json = {"name": name}
+        if retention is not None:
+            body["retention"] = dict(retention)
         if allowed_publishers is not None:
             body["allowed_publishers"] = list(allowed_publishers)
         if request_to_publish is not None:
@@ -120,12 +124,14 @@ class PulsarcastClient(_ClientStreams):
                            allowed_publishers: list[str] | _Unset | None = UNSET,
                            request_to_publish: bool | list[str] | _Unset | None = UNSET,
                            event_linking: str | _Unset = UNSET,
-                           subtopics: Mapping[str, str] | _Unset = UNSET) -> Json:
+                           subtopics: Mapping[str, str] | _Unset = UNSET,
+                           retention: Mapping[str, int] | _Unset | None = UNSET) -> Json:
         """A new version of the topic with the given fields changed (only the author's node
-        may); arguments left out keep their value, ``None`` resets a rule to its default."""
+        may); arguments left out keep their value, ``None`` resets a rule to its default
+        (for ``retention``: every event is kept)."""
         changes = {"name": name, "allowed_publishers": allowed_publishers,
                    "request_to_publish": request_to_publish, "event_linking": event_linking,
-                   "subtopics": subtopics}
+                   "subtopics": subtopics, "retention": retention}
         body = {k: (dict(v) if isinstance(v, Mapping) else v)
                 for k, v in changes.items() if v is not UNSET}
         result: Json = await self._call("PATCH", f"/v1/topics/{self._cid(cid)}", body=body)

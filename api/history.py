@@ -269,6 +269,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         raise Problem(404, "not-subscribed", f"subscribe to {topic.cid} first "
                       "(PUT /v1/subscriptions/{cid})")
     position = _start_position(node, topic.cid, request)
+    node.log_entries(topic.cid, after=position, limit=0)  # before-retention is said now
     heartbeat = float(request.app.get(HEARTBEAT_KEY, HEARTBEAT_S))
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream",

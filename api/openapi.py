@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE, MAX_MERGES
+from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE, MAX_MERGES, MAX_RETENTION
 
 from . import limits
 from .history import SECONDS_PATTERN, SEQ_PATTERN
@@ -96,6 +96,14 @@ def openapi_document() -> dict[str, Any]:
     peers = {"type": "array", "items": _PEER, "maxItems": limits.PEERS}
     rule = {"oneOf": [{"type": "null"}, {"type": "boolean"}, peers]}
     name_bytes = limits.TOPIC_NAME_BYTES
+    bound = {"type": "integer", "minimum": 1, "maximum": MAX_RETENTION}
+    retention = {
+        "type": "object", "minProperties": 1, "additionalProperties": False,
+        "properties": {"max_age": {**bound, "description": "seconds"}, "max_events": bound},
+        "description": "how much history every node keeps (null on an update: all of it); "
+                       "a read of the log from a position it cut answers 410 "
+                       "before-retention",
+    }
     topic_settings = {
         "type": "object",
         "description": f"the encoded topic descriptor must fit {limits.DESCRIPTOR_BYTES} "
@@ -114,6 +122,7 @@ def openapi_document() -> dict[str, Any]:
                 "description": "name -> topic CID; names of 1.."
                                f"{limits.SUBTOPIC_NAME_BYTES} bytes, not meta",
             },
+            "retention": {"oneOf": [{"type": "null"}, retention]},
         },
         "additionalProperties": False,
     }
@@ -144,6 +153,10 @@ def openapi_document() -> dict[str, Any]:
                 "allowed_publishers": _ref("PublishRule"),
                 "request_to_publish": _ref("PublishRule"),
                 "event_linking": {"enum": ["LAST_SEEN", "CUSTOM"]},
+                "retention": {"oneOf": [{"type": "null"}, {
+                    "type": "object", "properties": {
+                        "max_age": {"type": ["integer", "null"]},
+                        "max_events": {"type": ["integer", "null"]}}}]},
             },
         },
         "Event": {

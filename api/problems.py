@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from pulsar.runtime.errors import BeforeRetention
+
 __all__ = ["PROBLEM_TYPES", "Problem", "problem_middleware", "problem_response"]
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "not-recorded": "Stored and sent, but no heads record names it yet; not acknowledged",
     "storage-full": "The node's disk cannot take the write; nothing was published",
     "replay-incomplete": "The history could not be read whole from the network",
+    "before-retention": "The topic's retention policy has cut the log before this position",
     "internal": "Internal error",
 }
 """Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""
@@ -98,6 +101,9 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
         return problem_response(
             problem.status, problem.kind, problem.detail, headers=headers, **problem.extra
         )
+    except BeforeRetention as exc:  # a read of the delivery log, from any endpoint
+        return problem_response(410, "before-retention", str(exc),
+                                retained_from=exc.retained_from)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

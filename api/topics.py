@@ -7,7 +7,15 @@ from typing import Any
 
 from aiohttp import web
 
-from dag import CID, EventDescriptor, EventLinking, TopicDescriptor, check_content_type
+from dag import (
+    CID,
+    MAX_RETENTION,
+    EventDescriptor,
+    EventLinking,
+    Retention,
+    TopicDescriptor,
+    check_content_type,
+)
 from dag.errors import SchemaError
 from pulsar import (
     EventNotFound,
@@ -43,7 +51,7 @@ routes = web.RouteTableDef()
 
 MAX_PAYLOAD = PAYLOAD_BYTES
 _TOPIC_FIELDS = frozenset({"name", "allowed_publishers", "request_to_publish",
-                           "event_linking", "subtopics"})
+                           "event_linking", "subtopics", "retention"})
 _PUBLISH_FIELDS = frozenset({"json", "text", "base64", "content_type", "parent"})
 _BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -87,7 +95,29 @@ def _settings(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             _name(k, "a subtopics name", SUBTOPIC_NAME_BYTES): parse_cid(v, f"subtopics.{k}")
             for k, v in subs.items()
         }
+    if "retention" in body:
+        settings["retention"] = _retention(body["retention"])
     return settings
+
+
+def _retention(value: Any) -> Retention | None:
+    """``{"max_age": seconds, "max_events": n}`` (one or both), or null: every event is
+    kept (on an update: again)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value or set(value) - {"max_age", "max_events"}:
+        raise Problem(400, "invalid-field", "retention must be an object with max_age "
+                      "(seconds) and/or max_events, or null")
+    bounds: dict[str, int] = {}
+    for key, item in value.items():
+        # JSON has one number type: 3600.0 is the integer 3600 (as JSON Schema says).
+        if type(item) is float and item.is_integer():
+            item = int(item)
+        if type(item) is not int or not 1 <= item <= MAX_RETENTION:
+            raise Problem(400, "invalid-field",
+                          f"retention.{key} must be an integer in 1..{MAX_RETENTION}")
+        bounds[key] = item
+    return Retention(bounds.get("max_age"), bounds.get("max_events"))
 
 
 @routes.post("/v1/topics")

@@ -165,6 +165,8 @@ def topic_json(topic: TopicDescriptor) -> dict[str, Any]:
         "allowed_publishers": _rule(topic.allowed_publishers),
         "request_to_publish": _rule(topic.request_to_publish),
         "event_linking": topic.event_linking.value,
+        "retention": None if topic.retention is None else {
+            "max_age": topic.retention.max_age, "max_events": topic.retention.max_events},
     }
 
 

@@ -4,9 +4,11 @@ history walks and the durable block store. Pure: imports no other pulsarcast pac
 from .cid import CID, cid_of, cid_of_raw
 from .codec import decode, encode
 from .descriptors import (
+    MAX_RETENTION,
     EventDescriptor,
     EventLinking,
     PublishRule,
+    Retention,
     TopicDescriptor,
     check_content_type,
     check_rights,
@@ -39,7 +41,9 @@ __all__ = [
     "InvalidDescriptor",
     "InvalidKeyFile",
     "PeerId",
+    "MAX_RETENTION",
     "PublishRule",
+    "Retention",
     "SchemaError",
     "SignatureError",
     "StoreError",

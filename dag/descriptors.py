@@ -49,7 +49,7 @@ from .descriptor_wire import MAX_VERSION_HEADS as MAX_VERSION_HEADS
 from .descriptor_wire import SIGNATURE_SIZE as SIGNATURE_SIZE
 from .errors import InvalidDescriptor
 from .event_descriptor import EventDescriptor
-from .topic_descriptor import EventLinking, PublishRule, TopicDescriptor
+from .topic_descriptor import MAX_RETENTION, EventLinking, PublishRule, Retention, TopicDescriptor
 
 __all__ = [
     "MAX_DESCRIPTOR_SIZE",
@@ -58,9 +58,11 @@ __all__ = [
     "MAX_INLINE_PAYLOAD",
     "MAX_MERGES",
     "PROTOCOL_VERSION",
+    "MAX_RETENTION",
     "EventDescriptor",
     "EventLinking",
     "PublishRule",
+    "Retention",
     "TopicDescriptor",
     "check_content_type",
     "check_rights",

@@ -43,7 +43,7 @@ from .descriptor_wire import (
 from .errors import SchemaError, SignatureError
 from .identity import Identity, PeerId
 
-__all__ = ["EventLinking", "PublishRule", "TopicDescriptor"]
+__all__ = ["MAX_RETENTION", "EventLinking", "PublishRule", "Retention", "TopicDescriptor"]
 
 
 class EventLinking(enum.StrEnum):
@@ -82,6 +82,48 @@ class PublishRule:
         return cls(enabled, tuple(_peer(p, f"{what}.peers[]") for p in peers))
 
 
+MAX_RETENTION: Final = 2**53 - 1
+"""The largest ``maxAge`` (seconds) or ``maxEvents`` a topic may declare (what a JSON
+number carries exactly)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How much of a topic's history every node keeps (optional ``metadata.retention``,
+    signed and versioned with the rest of the topic, so every node applies the same rule):
+    the newest ``max_events`` events, and those created (by their signed ``created``) in
+    the last ``max_age`` seconds. One or both; an event is kept while both allow it."""
+
+    max_age: int | None = None
+    max_events: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_age is None and self.max_events is None:
+            raise SchemaError("a retention policy sets max_age, max_events or both")
+        for name, value in (("max_age", self.max_age), ("max_events", self.max_events)):
+            if value is not None and (type(value) is not int or not 1 <= value <= MAX_RETENTION):
+                raise SchemaError(f"retention {name} must be an integer in 1..{MAX_RETENTION}")
+
+    def to_wire(self) -> dict[str, int]:
+        wire: dict[str, int] = {}
+        if self.max_age is not None:
+            wire["maxAge"] = self.max_age
+        if self.max_events is not None:
+            wire["maxEvents"] = self.max_events
+        return wire
+
+    @classmethod
+    def from_wire(cls, value: Any) -> Retention:
+        what = "topic.metadata.retention"
+        obj = _map(value, what, set(), frozenset({"maxAge", "maxEvents"}))
+        if not obj:
+            raise SchemaError(f"{what} must set maxAge, maxEvents or both")
+        for key, item in obj.items():
+            if type(item) is not int:
+                raise SchemaError(f"{what}.{key} must be an integer")
+        return cls(obj.get("maxAge"), obj.get("maxEvents"))
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class TopicDescriptor(_ContentAddressed):
     """A signed topic (paper, listing 1). Build with :meth:`create`; parse with
@@ -104,6 +146,8 @@ class TopicDescriptor(_ContentAddressed):
     """The topic's heads (DAG tips) when the author made this version: events published
     under an *earlier* version by a publisher this version no longer allows are valid
     only if they are among these or their ancestors (optional ``metadata.heads``)."""
+    retention: Retention | None = None
+    """How much history nodes keep (None: all of it)."""
 
     KIND: ClassVar[str] = "topic"
 
@@ -147,6 +191,7 @@ class TopicDescriptor(_ContentAddressed):
         request_to_publish: PublishRule | Iterable[PeerId] | bool | None = None,
         event_linking: EventLinking | str = EventLinking.LAST_SEEN,
         heads: Iterable[CID] = (),
+        retention: Retention | None = None,
         now: float | None = None,
     ) -> Self:
         """Build and sign a topic. ``meta`` is required unless this *is* a meta topic (pass
@@ -178,6 +223,8 @@ class TopicDescriptor(_ContentAddressed):
         recorded = list(dict.fromkeys(heads))[-MAX_VERSION_HEADS:]
         if recorded:
             unsigned["metadata"]["heads"] = recorded
+        if retention is not None:
+            unsigned["metadata"]["retention"] = retention.to_wire()
         unsigned["authorSignature"] = identity.sign(encode(unsigned))
         # Parse what we built through the same checks as a received block: one set of rules
         # (bar checking the signature we just made).
@@ -216,6 +263,7 @@ class TopicDescriptor(_ContentAddressed):
         except (ValueError, TypeError):
             raise SchemaError("eventLinking must be LAST_SEEN or CUSTOM") from None
         heads = _heads(meta["heads"], exact) if "heads" in meta else ()
+        retention = Retention.from_wire(meta["retention"]) if "retention" in meta else None
         signature = _signature(wire["authorSignature"], "topic.authorSignature")
         _check_canonical(wire, exact, block, cls.KIND)
         if verify_signature:
@@ -236,6 +284,7 @@ class TopicDescriptor(_ContentAddressed):
             block,
             cid,
             heads,
+            retention,
         )
 
 
@@ -256,7 +305,7 @@ _TOPIC_META_KEYS: Final = {
     "requestToPublish",
     "eventLinking",
 }
-_TOPIC_META_OPTIONAL: Final = frozenset({"heads"})
+_TOPIC_META_OPTIONAL: Final = frozenset({"heads", "retention"})
 
 
 def _rule(value: PublishRule | Iterable[PeerId] | bool | None) -> PublishRule:

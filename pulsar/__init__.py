@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import NodeConfig
     from .node import (
+        BeforeRetention,
         EventNotFound,
         LogEntry,
         Node,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .runtime.subscription import Subscription
 
 __all__ = [
+    "BeforeRetention",
     "EventNotFound",
     "LogEntry",
     "Node",
@@ -41,6 +43,7 @@ __all__ = [
 
 _WHERE = {
     "NodeConfig": ".config",
+    "BeforeRetention": ".node",
     "EventNotFound": ".node",
     "LogEntry": ".node",
     "Node": ".node",

@@ -3,8 +3,8 @@
 The node owns the real I/O — the Kademlia DHT (UDP), the peer transport (TCP, same port
 number), the SQLite store — and is the API in front of its runtime driver
 (:class:`~pulsar.runtime.driver.Driver`), which feeds everything that happens into the
-sans-I/O :class:`~pulsar.proto.core.PulsarCore` and carries out the outputs it returns.
-All protocol decisions live in the core; the runtime only translates.
+sans-I/O :class:`~pulsar.proto.core.PulsarCore` and carries out the outputs it returns:
+all protocol decisions live in the core; the runtime only translates.
 
     async with await Node.start(NodeConfig(data_dir="data/a")) as node:
         topic = await node.create_topic("weather")
@@ -16,7 +16,7 @@ All protocol decisions live in the core; the runtime only translates.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, Self
 
 from dag import (
@@ -27,6 +27,7 @@ from dag import (
     Identity,
     InvalidDescriptor,
     PeerId,
+    Retention,
     TopicDescriptor,
 )
 from dht import DhtNode
@@ -41,6 +42,7 @@ from .runtime.bootstrap import listen_both, retry_bootstrap
 from .runtime.delivery_log import DeliveryLog, LogEntry
 from .runtime.driver import Driver
 from .runtime.errors import (
+    BeforeRetention,
     EventNotFound,
     NotPersisted,
     NotRecorded,
@@ -51,13 +53,14 @@ from .runtime.errors import (
 )
 from .runtime.node_state import NodeState
 from .runtime.replay import replay_history
+from .runtime.retention import sweep_forever
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 from .runtime.topics import Topics
 
 __all__ = [
-    "EventNotFound", "LogEntry", "Node", "NotPersisted", "NotRecorded", "PayloadTooLarge",
-    "PublishError", "StorageFull", "TopicNotFound",
+    "BeforeRetention", "EventNotFound", "LogEntry", "Node", "NotPersisted", "NotRecorded",
+    "PayloadTooLarge", "PublishError", "StorageFull", "TopicNotFound",
 ]
 
 
@@ -71,8 +74,7 @@ class Node:
         self.store = store
         """The node's database file and its blocks (``dag.store``)."""
         self.state = NodeState(store)
-        """This node's tables in that file: subscriptions, heads, topic versions, outbox
-        and delivery log (``pulsar.runtime.node_state``)."""
+        """This node's tables in that file (``pulsar.runtime.node_state``)."""
         self.dht = dht
         self.transport = transport
         self._routing = routing
@@ -85,9 +87,8 @@ class Node:
 
     @classmethod
     async def start(cls, config: NodeConfig) -> Node:
-        """Open the data directory, start the DHT and the transport on one port number,
-        join through ``config.bootstrap`` and prove the peer ids of known contacts. Durable
-        subscriptions are rejoined in the background, in batches."""
+        """Open the data directory, start the DHT and the transport on one port, join
+        through ``config.bootstrap``; durable subscriptions are rejoined in the background."""
         config.data_dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.load_or_create(config.data_dir / "identity.key")
         store = BlockStore(config.data_dir / "node.sqlite3")
@@ -118,6 +119,8 @@ class Node:
             # Enter the membership overlay (its tick retries while no contact is known).
             node._driver.handle(ev.Start())
             node._topics.resume([*node.state.subscriptions(), *node._driver.writes.outbox])
+            node._driver.spawn(sweep_forever(node._driver.retention, node.state.subscriptions,
+                                             time.time))
             return node
         except BaseException:
             if node is not None:
@@ -131,8 +134,8 @@ class Node:
             raise
 
     async def stop(self) -> None:
-        """Leave nothing running: timers, tasks, transport, DHT; flush and close the store.
-        Trees are not left (a stop is not an unsubscribe): on restart the node rejoins."""
+        """Leave nothing running; flush and close the store. Trees are not left (a stop is
+        not an unsubscribe): on restart the node rejoins."""
         if self.stopped:
             return
         await self._driver.stop()
@@ -182,8 +185,8 @@ class Node:
 
     @property
     def metrics(self) -> dict[str, int]:
-        """Counters of the core, the repair layers and this runtime (for the API and tests):
-        delivered, duplicates, grafts, prunes, backfilled, gaps_open, gaps_reported, ..."""
+        """Counters of the core, the repair layers and this runtime (delivered, duplicates,
+        grafts, backfilled, gaps_open, log_entries_pruned, ...), for the API and tests."""
         return self._driver.metrics()
 
     @property
@@ -209,15 +212,17 @@ class Node:
         request_to_publish: Iterable[PeerId | str] | bool | None = None,
         event_linking: EventLinking | str = EventLinking.LAST_SEEN,
         subtopics: dict[str, CID] | None = None,
+        retention: Retention | Mapping[str, int] | None = None,
     ) -> TopicDescriptor:
         """Algorithm 1: make the meta topic (only the author may publish on it), then the
-        topic linking it; store both in the DHT; join both trees as their root. Raises
-        :class:`PublishError` if the DHT did not acknowledge them (``min_acks``) and
-        ``ValueError`` for settings the schema refuses."""
+        topic linking it; store both in the DHT; join both trees as their root. ``retention``
+        (``max_age`` seconds, ``max_events``) bounds the history each subscriber keeps.
+        Raises :class:`PublishError` if the DHT did not acknowledge them (``min_acks``)."""
         self._driver.writes.check_disk(self.config.data_dir)
         request = self._driver.next_request()
         topic: TopicDescriptor = await self._driver.command(request, topic_settings.create_topic(
-            request, name, allowed_publishers, request_to_publish, event_linking, subtopics))
+            request, name, allowed_publishers, request_to_publish, event_linking, subtopics,
+            retention))
         self.state.add_subscription(topic.cid, time.time())
         return topic
 
@@ -332,6 +337,11 @@ class Node:
         """A cursor for ``value`` (an event CID in the log, a sequence number, or a
         timestamp: the last position delivered before it); 0 for None."""
         return self._log.position(topic_cid, value)
+
+    def retained_from(self, topic_cid: CID) -> int:
+        """The first position of ``topic_cid``'s log still held (1 unless its retention
+        policy cut older ones; reading on from before it raises :class:`BeforeRetention`)."""
+        return self.state.log_retained_from(topic_cid)
 
     def last_position(self, topic_cid: CID) -> int:
         """The newest position of the delivery log of ``topic_cid`` (0 if empty)."""

@@ -20,7 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dag import CID, EventDescriptor, EventLinking, PeerId, PublishRule, TopicDescriptor
+from dag import (
+    CID,
+    EventDescriptor,
+    EventLinking,
+    PeerId,
+    PublishRule,
+    Retention,
+    TopicDescriptor,
+)
 from dag.records import HeadsRecord
 
 from .batch.messages import Batch
@@ -229,17 +237,21 @@ class CreateTopic:
     request_to_publish: tuple[PeerId, ...] | bool | None = None
     event_linking: EventLinking = EventLinking.LAST_SEEN
     subtopics: tuple[tuple[str, CID], ...] = ()
+    retention: Retention | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TopicChanges:
-    """What an update changes; None keeps the current value."""
+    """What an update changes; None keeps the current value (``keep_all`` drops the
+    retention policy: every event is kept again)."""
 
     name: str | None = None
     allowed_publishers: PublishRule | None = None
     request_to_publish: PublishRule | None = None
     event_linking: EventLinking | None = None
     subtopics: tuple[tuple[str, CID], ...] | None = None
+    retention: Retention | None = None
+    keep_all: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dag import CID, EventDescriptor
 
+from .errors import BeforeRetention
 from .node_state import NodeState
 from .writes import WriteBehind
 
@@ -100,8 +101,14 @@ class DeliveryLog:
         limit: int = 1000,
         descending: bool = False,
     ) -> list[tuple[int, CID, float, bytes | None]]:
-        """``Node.log_blocks``: one page of the log as stored, not parsed."""
+        """``Node.log_blocks``: one page of the log as stored, not parsed. Reading on from
+        a position the topic's retention policy has cut raises :class:`BeforeRetention`
+        (reading from the start, ``after=0``, begins at the first position kept)."""
         self._writes.flush()
+        if after > 0 and not descending:
+            retained_from = self._state.log_retained_from(topic_cid)
+            if after < retained_from - 1:
+                raise BeforeRetention(topic_cid, after, retained_from)
         return self._state.log_blocks(
             topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
         )

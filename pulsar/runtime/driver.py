@@ -23,7 +23,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Final, assert_never
 
-from dag import CID, BlockStore, EventDescriptor, Identity, PeerId
+from dag import CID, BlockStore, EventDescriptor, Identity, PeerId, Retention
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 from pulsar.proto.codec import decode_message, encode_message
@@ -42,6 +42,7 @@ from .node_config import NodeConfig
 from .node_state import NodeState
 from .payloads import Payloads
 from .peer_faults import PeerFaults
+from .retention import LogRetention
 from .routing import DhtRouting
 from .subscription import Subscription
 from .writes import WriteBehind
@@ -89,8 +90,11 @@ class Driver:
         self._transport = transport
         self._trace = config.tracer
         self._loop = asyncio.get_running_loop()
-        # The heads stored with each log append are the core's, read when the flush runs.
-        self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic))
+        # The heads stored with each log append are the core's, read when the flush runs;
+        # so is the retention policy the log is cut to (its latest version's).
+        self.retention = LogRetention(state, self._retention_of)
+        self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic),
+                                  retention=self.retention)
         self.core: Core
         if config.protocol == "floodsub":
             self.core = FloodCore(identity, routing, lookup=self.writes.local_block)
@@ -140,6 +144,10 @@ class Driver:
         finally:
             self._waiting.pop(request, None)
 
+    def _retention_of(self, topic: CID) -> Retention | None:
+        latest = self.core.latest(topic)
+        return None if latest is None else latest.retention
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` in the background, in the task set :meth:`stop` cancels."""
         task = self._loop.create_task(coro)
@@ -180,7 +188,8 @@ class Driver:
         """The core's counters and this runtime's."""
         return {**self.core.counters(), "rejected_frames": self.rejections,
                 "storage_failures": self.writes.failures,
-                "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames}
+                "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames,
+                "log_entries_pruned": self.retention.pruned}
 
     # ------------------------------------------------------------------ inputs
 

@@ -9,8 +9,8 @@ very same classes from ``pulsar`` without these modules importing the node.
 from __future__ import annotations
 
 __all__ = [
-    "EventNotFound", "NotPersisted", "NotRecorded", "PayloadTooLarge", "PublishError",
-    "StorageFull", "TopicNotFound",
+    "BeforeRetention", "EventNotFound", "NotPersisted", "NotRecorded", "PayloadTooLarge",
+    "PublishError", "StorageFull", "TopicNotFound",
 ]
 
 
@@ -46,3 +46,16 @@ class TopicNotFound(LookupError):
 
 class EventNotFound(LookupError):
     """No valid event descriptor could be found for a CID (locally or in the DHT)."""
+
+
+class BeforeRetention(LookupError):
+    """A read of a topic's log from a position its retention policy has already cut: the
+    entries after ``after`` up to ``retained_from`` are gone. Read from ``retained_from``
+    (or from the start, which is there) instead."""
+
+    def __init__(self, topic: object, after: int, retained_from: int) -> None:
+        super().__init__(
+            f"the log of {topic} keeps positions from {retained_from} (the topic's retention "
+            f"policy cut what came before); position {after} is before that")
+        self.after = after
+        self.retained_from = retained_from

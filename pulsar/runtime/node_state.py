@@ -291,6 +291,17 @@ class NodeState:
             ).fetchone()
         return 0 if row is None else int(row[0])
 
+    def log_retained_from(self, topic: CID) -> int:
+        """The first position of ``topic``'s log still held: 1 if nothing was ever cut,
+        one past the last position handed out if everything was."""
+        with self._store.connection() as conn:
+            row = conn.execute(
+                "SELECT MIN(seq) FROM delivery_log WHERE topic = ?", (topic.raw,)
+            ).fetchone()
+        if row is not None and row[0] is not None:
+            return int(row[0])
+        return self.log_last_seq(topic) + 1
+
     def log_prune(self, topic: CID, through_seq: int) -> int:
         """Delete the entries of ``topic`` with ``seq <= through_seq`` (a retention policy's
         tool); returns how many. The high-water mark stays, so new entries still get numbers

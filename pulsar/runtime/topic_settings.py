@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dag import CID, EventLinking, PeerId, PublishRule
+from dag import CID, EventLinking, PeerId, PublishRule, Retention
 
 from ..proto import events as ev
 
 __all__ = ["SETTINGS", "check_settings", "create_topic", "topic_changes"]
 
 SETTINGS = frozenset(
-    {"name", "allowed_publishers", "request_to_publish", "event_linking", "subtopics"}
+    {"name", "allowed_publishers", "request_to_publish", "event_linking", "subtopics",
+     "retention"}
 )
 """What ``update_topic`` may change."""
 
@@ -31,9 +32,10 @@ def create_topic(
     request_to_publish: Iterable[PeerId | str] | bool | None,
     event_linking: EventLinking | str,
     subtopics: dict[str, CID] | None,
+    retention: Retention | Mapping[str, int] | None = None,
 ) -> ev.CreateTopic:
     """The core's command for ``Node.create_topic``'s arguments (``ValueError`` for peer
-    ids or a linking that do not parse)."""
+    ids, a linking or a retention policy that do not parse)."""
     peers = _peers(allowed_publishers)
     return ev.CreateTopic(
         request,
@@ -42,6 +44,7 @@ def create_topic(
         _rule_arg(request_to_publish),
         EventLinking(event_linking),
         tuple((subtopics or {}).items()),
+        _retention(retention),
     )
 
 
@@ -70,7 +73,22 @@ def topic_changes(changes: Mapping[str, Any]) -> ev.TopicChanges:
         ),
         event_linking=None if linking is None else EventLinking(linking),
         subtopics=None if subtopics is None else tuple(dict(subtopics).items()),
+        retention=_retention(changes.get("retention")),
+        keep_all="retention" in changes and changes["retention"] is None,
     )
+
+
+def _retention(value: Retention | Mapping[str, int] | None) -> Retention | None:
+    """A policy from a :class:`Retention` or a map of its fields (``max_age`` in seconds,
+    ``max_events``); ``ValueError`` for anything else."""
+    if value is None or isinstance(value, Retention):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError("retention takes max_age and/or max_events")
+    unknown = set(value) - {"max_age", "max_events"}
+    if unknown:
+        raise ValueError(f"unknown retention settings: {sorted(unknown)}")
+    return Retention(value.get("max_age"), value.get("max_events"))
 
 
 def _peers(value: Iterable[PeerId | str] | None) -> list[PeerId] | None:

@@ -29,6 +29,7 @@ from dag import CID, BlockStore
 
 from .errors import StorageFull
 from .node_state import NodeState
+from .retention import LogRetention
 
 __all__ = ["FLUSH_RETRY", "MIN_FREE_BYTES", "OUTBOX_PER_TOPIC", "WriteBehind"]
 
@@ -52,12 +53,14 @@ class WriteBehind:
     log append so that a restarted node asks only for what it missed."""
 
     def __init__(
-        self, store: BlockStore, state: NodeState, heads: Callable[[CID], Sequence[CID]]
+        self, store: BlockStore, state: NodeState, heads: Callable[[CID], Sequence[CID]],
+        retention: LogRetention | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._store = store
         self._state = state
         self._heads = heads
+        self._retention = retention
         self._blocks: dict[CID, bytes] = {}
         self._log: dict[CID, list[CID]] = {}
         self._kept: list[tuple[CID, CID]] = []
@@ -184,6 +187,11 @@ class WriteBehind:
                     self._log.setdefault(topic, [])[:0] = cids
                     continue
                 logged[topic] = cids
+                if self._retention is not None:
+                    try:
+                        self._retention.appended(topic, now)
+                    except Exception as exc:  # cut at the next append; nothing is lost
+                        log.warning("could not apply the retention of %s: %s", topic, exc)
                 self.wake(topic)
                 self._outbox_delivered(topic, cids)
         if self._kept and failure is None:

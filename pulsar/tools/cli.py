@@ -360,8 +360,26 @@ def _topic_text(topic: dict[str, Any]) -> str:
         ("request-to-publish", rule(topic["request_to_publish"], "off")),
         ("linking", topic["event_linking"]),
         ("subtopics", subtopics),
+        ("retention", _retention_text(topic.get("retention"))),
     ]
     return "\n".join(f"{k + ':':<20}{v}" for k, v in rows)
+
+
+def _retention_text(retention: dict[str, Any] | None) -> str:
+    if not retention:
+        return "everything"
+    kept = []
+    if retention.get("max_events") is not None:
+        kept.append(f"the newest {retention['max_events']:,} events")
+    if retention.get("max_age") is not None:
+        kept.append(f"{retention['max_age']:,} s")
+    return " and ".join(kept)
+
+
+def _retention_arg(args: argparse.Namespace) -> dict[str, int] | None:
+    policy = {k: v for k, v in (("max_age", args.max_age), ("max_events", args.max_events))
+              if v is not None}
+    return policy or None
 
 
 def _payload_text(event: dict[str, Any]) -> str:
@@ -387,7 +405,8 @@ async def _topic_create(client: Any, args: argparse.Namespace) -> int:
     topic = await client.create_topic(
         args.name, allowed_publishers=args.allowed_publisher or None,
         request_to_publish=True if args.request_to_publish else None,
-        event_linking="CUSTOM" if args.custom_linking else None)
+        event_linking="CUSTOM" if args.custom_linking else None,
+        retention=_retention_arg(args))
     if not args.json and not sys.stdout.isatty():
         # Piped or captured (`CID=$(pulsarcast topic create news)`): the CID alone.
         print(topic["cid"], flush=True)
@@ -410,9 +429,13 @@ async def _topic_update(client: Any, args: argparse.Namespace) -> int:
         changes["allowed_publishers"] = args.allowed_publisher
     if args.anyone:
         changes["allowed_publishers"] = None
+    if _retention_arg(args) is not None:
+        changes["retention"] = _retention_arg(args)
+    if args.keep_all:
+        changes["retention"] = None
     if not changes:
-        print("pulsarcast: nothing to change (give --name, --allowed-publisher or --anyone)",
-              file=sys.stderr)
+        print("pulsarcast: nothing to change (give --name, --allowed-publisher, --anyone, "
+              "--max-age, --max-events or --keep-all)", file=sys.stderr)
         return 2
     topic = await client.update_topic(args.cid, **changes)
     _emit(args, topic, _topic_text(topic))
@@ -519,6 +542,19 @@ async def _peers(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _retention_args(parser: argparse.ArgumentParser) -> None:
+    def positive(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError("must be a positive integer")
+        return value
+
+    parser.add_argument("--max-age", type=positive, metavar="SECONDS",
+                        help="every node keeps only events created in the last SECONDS")
+    parser.add_argument("--max-events", type=positive, metavar="N",
+                        help="every node keeps only the newest N events")
+
+
 def _add_api_commands(sub: Any) -> None:
     common = _api_options()
     topic = sub.add_parser("topic", help="create, show or update a topic (REST API)")
@@ -531,6 +567,7 @@ def _add_api_commands(sub: Any) -> None:
                         help="others may ask the author's node to publish for them")
     create.add_argument("--custom-linking", action="store_true",
                         help="publishers choose each event's parent (--parent)")
+    _retention_args(create)
     create.set_defaults(handler=_api_command(_topic_create))
     show = topics.add_parser("show", parents=[common], help="show a topic")
     show.add_argument("cid")
@@ -542,6 +579,9 @@ def _add_api_commands(sub: Any) -> None:
     update.add_argument("--allowed-publisher", action="append", metavar="PEER",
                         help="replace who may publish (repeatable)")
     update.add_argument("--anyone", action="store_true", help="let anyone publish again")
+    _retention_args(update)
+    update.add_argument("--keep-all", action="store_true",
+                        help="drop the retention policy: every event is kept again")
     update.set_defaults(handler=_api_command(_topic_update))
 
     publish = sub.add_parser("publish", parents=[_api_options(output=False)],

@@ -183,3 +183,20 @@ async def test_doctor_says_what_is_wrong(apis: list[Api],
     out, err = capsys.readouterr()
     assert code == 1 and out.startswith("FAIL reachable") and "make run" in out
     assert "Traceback" not in err
+
+
+async def test_topic_retention_from_the_command_line(
+        apis: list[Api], capsys: pytest.CaptureFixture[str]) -> None:
+    api = apis[0]
+    code, out, _ = await run(api, capsys, "topic", "create", "ticks", "--max-events", "3",
+                             "--max-age", "60", "--json")
+    assert code == 0
+    topic = json.loads(out)
+    assert topic["retention"] == {"max_age": 60, "max_events": 3}
+    code, shown, _ = await run(api, capsys, "topic", "show", topic["cid"])
+    assert code == 0 and "the newest 3 events and 60 s" in shown
+    code, shown, _ = await run(api, capsys, "topic", "update", topic["cid"], "--keep-all")
+    assert code == 0 and "retention:" in shown and "everything" in shown
+    with pytest.raises(SystemExit) as usage:  # argparse: a usage error, exit status 2
+        await run(api, capsys, "topic", "create", "bad", "--max-events", "0")
+    assert usage.value.code == 2 and "positive" in capsys.readouterr().err

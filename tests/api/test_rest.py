@@ -366,3 +366,33 @@ async def test_raw_upload_publishes_a_large_payload_and_refuses_one_over_the_lim
     status, problem = await author.call("POST", f"/v1/topics/{cid}/events?color=red",
                                         data=b"x", headers=raw)
     assert status == 400
+
+
+async def test_retention_is_declared_shown_and_a_cut_position_answers_410(
+        apis: list[Api]) -> None:
+    author, reader, _ = apis
+    status, bad = await author.call("POST", "/v1/topics",
+                                    json={"name": "r", "retention": {"max_events": 0}})
+    assert status == 400 and "retention.max_events" in bad["detail"]  # type: ignore[index]
+    status, bad = await author.call("POST", "/v1/topics",
+                                    json={"name": "r", "retention": {"max_bytes": 9}})
+    assert status == 400
+    status, topic = await author.call("POST", "/v1/topics",
+                                      json={"name": "r", "retention": {"max_events": 2}})
+    assert status == 201, topic
+    assert topic["retention"] == {"max_age": None, "max_events": 2}  # type: ignore[index]
+    cid = topic["cid"]  # type: ignore[index]
+    await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    for i in range(5):
+        await author.call("POST", f"/v1/topics/{cid}/events", json={"json": i})
+    await eventually(lambda: reader.node.last_position(CID.parse(cid)) == 5, timeout=10)
+    reader.node._driver.retention.sweep([CID.parse(cid)], time.time())
+    _, page = await reader.call("GET", f"/v1/topics/{cid}/events")
+    assert [e["seq"] for e in page["events"]] == [4, 5]  # type: ignore[index]
+    status, gone = await reader.call("GET", f"/v1/topics/{cid}/events?cursor=1")
+    assert status == 410, gone
+    assert gone["type"] == BASE + "before-retention"  # type: ignore[index]
+    assert gone["retained_from"] == 4  # type: ignore[index]
+    async with reader.http.get(f"{reader.url}/v1/topics/{cid}/stream",
+                               headers={"Last-Event-ID": "2", **reader.auth}) as r:
+        assert r.status == 410

@@ -16,6 +16,7 @@ from dag import (
     Identity,
     InvalidDescriptor,
     PublishRule,
+    Retention,
     SchemaError,
     SignatureError,
     TopicDescriptor,
@@ -273,6 +274,52 @@ def test_signature_checks_can_be_skipped_but_not_schema(topic: TopicDescriptor) 
 def test_topic_schema_errors(topic: TopicDescriptor, mutate: Any, message: str) -> None:
     with pytest.raises(SchemaError, match=message):
         TopicDescriptor.from_block(_reencode(topic.block, mutate))
+
+
+def test_retention_is_signed_optional_metadata(meta: TopicDescriptor) -> None:
+    kept = TopicDescriptor.create(ALICE, "ticks", meta=meta.cid, now=NOW,
+                                  retention=Retention(max_age=3600, max_events=10_000))
+    parsed = TopicDescriptor.from_block(kept.block, kept.cid)
+    assert parsed.retention == Retention(3600, 10_000)
+    assert decode(kept.block)["metadata"]["retention"] == {"maxAge": 3600, "maxEvents": 10_000}
+    only = TopicDescriptor.create(ALICE, "ticks", meta=meta.cid, now=NOW,
+                                  retention=Retention(max_events=5))
+    assert decode(only.block)["metadata"]["retention"] == {"maxEvents": 5}
+    # A topic without a policy keeps everything, and its encoding has no retention key (so
+    # topics made before the field existed keep their CIDs).
+    plain = TopicDescriptor.create(ALICE, "ticks", meta=meta.cid, now=NOW)
+    assert plain.retention is None and "retention" not in decode(plain.block)["metadata"]
+
+    def lengthen(v: Any) -> None:
+        v["metadata"]["retention"]["maxAge"] = 7200
+
+    with pytest.raises(SignatureError):
+        TopicDescriptor.from_block(_reencode(kept.block, lengthen))
+
+
+@pytest.mark.parametrize(
+    ("retention", "message"),
+    [
+        ({}, "maxAge, maxEvents or both"),
+        ({"maxAge": 0}, "1.."),
+        ({"maxEvents": -5}, "1.."),
+        ({"maxEvents": 2**53}, "1.."),
+        ({"maxAge": 1.5}, "integer"),
+        ({"maxAge": True}, "integer"),
+        ({"maxBytes": 10}, "unknown"),
+        ([3600], "map"),
+    ],
+)
+def test_retention_schema_errors(meta: TopicDescriptor, retention: Any, message: str) -> None:
+    plain = TopicDescriptor.create(ALICE, "ticks", meta=meta.cid, now=NOW)
+
+    def put(v: Any) -> None:
+        v["metadata"]["retention"] = retention
+
+    with pytest.raises(SchemaError, match=message):
+        TopicDescriptor.from_block(_reencode(plain.block, put), verify_signature=False)
+    with pytest.raises(SchemaError):
+        Retention()
 
 
 def test_link_encoded_as_plain_bytes_is_rejected(topic: TopicDescriptor) -> None:

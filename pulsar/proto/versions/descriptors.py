@@ -34,6 +34,7 @@ def build_topic(
         allowed_publishers=cmd.allowed_publishers,
         request_to_publish=cmd.request_to_publish,
         event_linking=cmd.event_linking,
+        retention=cmd.retention,
         now=now,
     )
     return meta, topic
@@ -69,5 +70,10 @@ def build_version(
             current.event_linking if changes.event_linking is None else changes.event_linking
         ),
         heads=heads,
+        retention=(
+            None if changes.keep_all
+            else current.retention if changes.retention is None
+            else changes.retention
+        ),
         now=now,
     )

@@ -1,0 +1,110 @@
+"""A topic's retention policy applied to this node's delivery log.
+
+A topic may declare how much history every node keeps (``metadata.retention`` of its
+latest version: the newest ``max_events`` events, and those created in the last
+``max_age`` seconds, by the ``created`` time their publisher signed). The log is cut from
+its oldest end, so what is left is always a suffix: positions are never reused, and a
+reader that asks for a position before the first one kept is told so
+(:class:`~pulsar.runtime.errors.BeforeRetention`) rather than handed a silent gap.
+
+The log is in delivery (causal) order, not in ``created`` order: the age cut stops at the
+first entry not old enough, and an older entry behind it waits until everything before it
+has aged out too. What the node stores for the DHT and the event blocks themselves are not
+cut here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from dag import CID, Retention
+from dag.descriptors import parse_timestamp
+from pulsar.proto.repair.backfill import event_links
+
+from .node_state import NodeState
+
+__all__ = ["APPLY_EVERY", "SWEEP_EVERY", "LogRetention", "sweep_forever"]
+
+log = logging.getLogger(__name__)
+
+APPLY_EVERY: Final = 5.0
+"""Seconds between two cuts of one topic's log while it grows (each costs a query or a
+few; events arriving in between are cut at the next)."""
+SWEEP_EVERY: Final = 60.0
+"""Seconds between two cuts of every followed topic, for topics that stopped growing (their
+oldest events still age out)."""
+SCAN_BATCH: Final = 256
+"""Log entries read at a time when looking for the end of what has aged out."""
+
+
+class LogRetention:
+    """Cuts each followed topic's log to its policy: after appends (at most every
+    :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
+
+    __slots__ = ("_last", "_policy_of", "_state", "pruned")
+
+    def __init__(self, state: NodeState, policy_of: Callable[[CID], Retention | None]) -> None:
+        self._state = state
+        self._policy_of = policy_of
+        self._last: dict[CID, float] = {}
+        self.pruned = 0
+        """Log entries removed by a policy since the node started (a metric)."""
+
+    def appended(self, topic: CID, now: float) -> None:
+        """Entries were added to ``topic``'s log: cut it if its last cut is old enough."""
+        last = self._last.get(topic)
+        if last is not None and now - last < APPLY_EVERY:
+            return
+        self.apply(topic, now)
+
+    def sweep(self, topics: list[CID], now: float) -> int:
+        """Cut every one of ``topics``; returns how many entries went."""
+        return sum(self.apply(topic, now) for topic in topics)
+
+    def apply(self, topic: CID, now: float) -> int:
+        """Cut ``topic``'s log to the policy of its latest version known here; returns
+        how many entries were removed."""
+        self._last[topic] = now
+        policy = self._policy_of(topic)
+        if policy is None:
+            return 0
+        through = 0
+        if policy.max_events is not None:
+            through = self._state.log_last_seq(topic) - policy.max_events
+        if policy.max_age is not None:
+            through = max(through, self._aged(topic, now - policy.max_age))
+        if through <= 0:
+            return 0
+        removed = self._state.log_prune(topic, through)
+        self.pruned += removed
+        return removed
+
+    def _aged(self, topic: CID, cutoff: float) -> int:
+        """The position of the last entry of the oldest run of entries created before
+        ``cutoff`` (0 if the oldest entry kept is younger)."""
+        through, after = 0, 0
+        while True:
+            rows = self._state.log_blocks(topic, after, SCAN_BATCH)
+            if not rows:
+                return through
+            for seq, _, _, block in rows:
+                links = None if block is None else event_links(block)
+                if links is None or parse_timestamp(links.created) >= cutoff:
+                    return through
+                through = seq
+            after = rows[-1][0]
+
+
+async def sweep_forever(retention: LogRetention, topics: Callable[[], list[CID]],
+                        clock: Callable[[], float], every: float = SWEEP_EVERY) -> None:
+    """Cut every followed topic's log every ``every`` seconds, until cancelled (the
+    driver's task set is, when the node stops)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            retention.sweep(topics(), clock())
+        except Exception as exc:  # a full disk, a closed store: try again next time
+            log.warning("retention sweep failed: %s", exc)
