@@ -235,6 +235,9 @@ class PulsarCore(Publishing, VersionAdoption):
                 out = self._flush_records(now)
             case ev.Start():
                 out = self.members.start(now)
+            case ev.HistoryCut():
+                self.backfill.raise_horizon(event.topic, event.before)
+                out = []
             case _:
                 assert_never(event)
         return self._after(out, now)

@@ -60,6 +60,7 @@ __all__ = [
     "Fetch",
     "FetchRecords",
     "Flush",
+    "HistoryCut",
     "GapReported",
     "InEvent",
     "KeepPublished",
@@ -272,6 +273,17 @@ class Flush:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryCut:
+    """The node's retention policy cut ``topic``'s log down to events created at or after
+    ``before`` (seconds since the epoch: the oldest entry kept). What was cut must not come
+    back as new: a backfilled event created before it (less the horizon slack) is settled
+    as history, not delivered again, exactly as one from before the subscription."""
+
+    topic: CID
+    before: float
+
+
+@dataclass(frozen=True, slots=True)
 class Start:
     """The node can reach the network (its DHT has contacts): enter the membership
     overlay. Until then the core keeps no neighbours of its own."""
@@ -293,6 +305,7 @@ InEvent = (
     | UpdateTopic
     | Flush
     | Start
+    | HistoryCut
 )
 
 

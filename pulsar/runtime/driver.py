@@ -92,7 +92,9 @@ class Driver:
         self._loop = asyncio.get_running_loop()
         # The heads stored with each log append are the core's, read when the flush runs;
         # so is the retention policy the log is cut to (its latest version's).
-        self.retention = LogRetention(state, self._retention_of)
+        # A cut is told to the core on the next loop turn: the write-behind that makes cuts
+        # also runs while the core's outputs are being carried out.
+        self.retention = LogRetention(state, self._retention_of, on_cut=self._history_cut)
         self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic),
                                   retention=self.retention)
         self.core: Core
@@ -143,6 +145,13 @@ class Driver:
             return await future
         finally:
             self._waiting.pop(request, None)
+
+    def _history_cut(self, topic: CID, before: float) -> None:
+        self._loop.call_soon(self._handle_unless_stopped, ev.HistoryCut(topic, before))
+
+    def _handle_unless_stopped(self, event: ev.InEvent) -> None:
+        if not self.stopped:
+            self.handle(event)
 
     def _retention_of(self, topic: CID) -> Retention | None:
         latest = self.core.latest(topic)

@@ -44,12 +44,17 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_last", "_policy_of", "_state", "pruned")
+    __slots__ = ("_floors", "_last", "_on_cut", "_policy_of", "_state", "pruned")
 
-    def __init__(self, state: NodeState, policy_of: Callable[[CID], Retention | None]) -> None:
+    def __init__(self, state: NodeState, policy_of: Callable[[CID], Retention | None],
+                 on_cut: Callable[[CID, float], None] | None = None) -> None:
         self._state = state
         self._policy_of = policy_of
+        self._on_cut = on_cut
+        """Told ``(topic, created time of the oldest entry kept)`` whenever that moves, so
+        the protocol core settles what was cut as history if a backfill meets it again."""
         self._last: dict[CID, float] = {}
+        self._floors: dict[CID, float] = {}
         self.pruned = 0
         """Log entries removed by a policy since the node started (a metric)."""
 
@@ -76,11 +81,28 @@ class LogRetention:
             through = self._state.log_last_seq(topic) - policy.max_events
         if policy.max_age is not None:
             through = max(through, self._aged(topic, now - policy.max_age))
-        if through <= 0:
-            return 0
-        removed = self._state.log_prune(topic, through)
+        removed = self._state.log_prune(topic, through) if through > 0 else 0
         self.pruned += removed
+        self._report_floor(topic)
         return removed
+
+    def _report_floor(self, topic: CID) -> None:
+        """Tell the core where the log now begins, if it was ever cut (also after a
+        restart, on the first pass) and that moved."""
+        if self._on_cut is None:
+            return
+        first = self._state.log_retained_from(topic)
+        if first <= 1:
+            return
+        rows = self._state.log_blocks(topic, first - 1, 1)
+        block = rows[0][3] if rows else None
+        links = None if block is None else event_links(block)
+        if links is None:
+            return
+        floor = parse_timestamp(links.created)
+        if self._floors.get(topic) != floor:
+            self._floors[topic] = floor
+            self._on_cut(topic, floor)
 
     def _aged(self, topic: CID, cutoff: float) -> int:
         """The position of the last entry of the oldest run of entries created before

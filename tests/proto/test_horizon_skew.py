@@ -360,3 +360,33 @@ def test_an_event_from_a_clock_ahead_changes_nothing() -> None:
     ]
     assert _ahead_walk(0.0) == expected
     assert _ahead_walk(600.0) == expected
+
+
+def test_a_retention_cut_moves_the_horizon_so_cut_events_do_not_come_back() -> None:
+    """A subscriber of the whole history (no ``since``) whose retention policy cut its log
+    down to events created at ``SINCE``: a live event whose parent chain runs back into the
+    cut part must not deliver the cut events again. Told of the cut (HistoryCut), the walk
+    stops past it exactly as at a subscription horizon; not told, it delivers all 500."""
+    history, live = _history()
+    for told in (True, False):
+        net = Net()
+        source = net.add(PEER)
+        source.has([*history, live])
+        me = net.add(PEER2)
+        if told:
+            me.bf.raise_horizon(TID, SINCE)
+        net.call(me, me.bf.accepted, TID, live, 1, PEER, 0.0)
+        net.advance(60.0)
+        if told:
+            assert me.delivered == [live] and me.reports == []
+        else:
+            assert me.delivered == [*history, live]
+
+
+def test_the_horizon_only_moves_forward() -> None:
+    me = _core(since=SINCE)
+    me.raise_horizon(TID, SINCE - 10_000)  # an older cut does not widen what is delivered
+    _, live = _history()
+    # The same WANT as without the cut: its ``after`` is still the subscription's horizon.
+    assert me.accepted(TID, live, 1, PEER, 0.0) == [GAP, *_want(_history()[0][-1], 512, (),
+                                                              HORIZON)]

@@ -125,7 +125,8 @@ class FloodCore:
                 return self._on_fetched(event, now)
             case ev.DhtStored():
                 return self._on_stored(event, now)
-            case ev.RecordsFetched() | ev.RecordStored() | ev.Flush() | ev.Start():
+            case (ev.RecordsFetched() | ev.RecordStored() | ev.Flush() | ev.Start()
+                  | ev.HistoryCut()):
                 return []  # floodsub keeps no heads records and no overlay of its own
             case ev.Subscribe():
                 return self._on_subscribe(event, now)

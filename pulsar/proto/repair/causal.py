@@ -102,6 +102,17 @@ class CausalOrder(BackfillParts):
                 stack.append(links.parent)
         return self.learn_heads(state.cid, wanted, None, now) if wanted else []
 
+    def raise_horizon(self, topic: CID, before: float) -> None:
+        """Events of ``topic`` created before ``before`` (less the horizon slack) are
+        history from now on: a backfill that meets one settles it instead of delivering it
+        (the log it would go into was cut there). The horizon only ever moves forward."""
+        state = self._topics.get(topic)
+        if state is None or not state.deliver:
+            return
+        horizon = iso_timestamp(max(0.0, before - self.config.horizon_slack))
+        if state.horizon is None or horizon > state.horizon:
+            state.horizon = horizon
+
     def _new_state(self, topic: CID, deliver: bool, since: float | None, heads: Iterable[CID],
                    delivered: Iterable[CID]) -> None:
         horizon = None
