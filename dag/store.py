@@ -301,10 +301,21 @@ class BlockStore:
 
     def delete(self, cid: CID) -> bool:
         """Remove the block under ``cid``; True if there was one."""
-        self._cache.pop(cid, None)
+        return self.delete_many([cid]) == 1
+
+    def delete_many(self, cids: Iterable[CID]) -> int:
+        """Remove the blocks under ``cids`` in one transaction; how many there were."""
+        listed = list(cids)
+        for cid in listed:
+            self._cache.pop(cid, None)
+        raws = [cid.raw for cid in listed]
         with self._guard, write_transaction(self._conn) as conn:
-            conn.execute("DELETE FROM block_keys WHERE key = ?", (_sha1(cid.raw),))
-            return conn.execute("DELETE FROM blocks WHERE cid = ?", (cid.raw,)).rowcount == 1
+            conn.executemany("DELETE FROM block_keys WHERE key = ?",
+                             [(_sha1(raw),) for raw in raws])
+            removed = 0
+            for raw in raws:
+                removed += conn.execute("DELETE FROM blocks WHERE cid = ?", (raw,)).rowcount
+            return removed
 
     def __len__(self) -> int:
         """How many blocks are stored. SQLite counts by walking the primary-key index, so this

@@ -94,7 +94,8 @@ class Driver:
         # so is the retention policy the log is cut to (its latest version's).
         # A cut is told to the core on the next loop turn: the write-behind that makes cuts
         # also runs while the core's outputs are being carried out.
-        self.retention = LogRetention(state, self._retention_of, on_cut=self._history_cut)
+        self.retention = LogRetention(state, store, self._retention_of,
+                                      on_cut=self._history_cut)
         self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic),
                                   retention=self.retention)
         self.core: Core

@@ -9,8 +9,9 @@ reader that asks for a position before the first one kept is told so
 
 The log is in delivery (causal) order, not in ``created`` order: the age cut stops at the
 first entry not old enough, and an older entry behind it waits until everything before it
-has aged out too. What the node stores for the DHT and the event blocks themselves are not
-cut here.
+has aged out too. The event blocks the cut entries named go from the store with them
+(but the topic's heads, and large payloads' chunk trees); the copies DHT holders keep for
+others are not cut here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from dag import CID, Retention
+from dag import CID, BlockStore, Retention
 from dag.descriptors import parse_timestamp
 from pulsar.proto.repair.backfill import event_links
 
@@ -44,11 +45,13 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_floors", "_last", "_on_cut", "_policy_of", "_state", "pruned")
+    __slots__ = ("_floors", "_last", "_on_cut", "_policy_of", "_state", "_store", "pruned")
 
-    def __init__(self, state: NodeState, policy_of: Callable[[CID], Retention | None],
+    def __init__(self, state: NodeState, store: BlockStore,
+                 policy_of: Callable[[CID], Retention | None],
                  on_cut: Callable[[CID, float], None] | None = None) -> None:
         self._state = state
+        self._store = store
         self._policy_of = policy_of
         self._on_cut = on_cut
         """Told ``(topic, created time of the oldest entry kept)`` whenever that moves, so
@@ -81,9 +84,20 @@ class LogRetention:
             through = self._state.log_last_seq(topic) - policy.max_events
         if policy.max_age is not None:
             through = max(through, self._aged(topic, now - policy.max_age))
-        removed = self._state.log_prune(topic, through) if through > 0 else 0
+        removed = self._cut(topic, through) if through > 0 else 0
         self.pruned += removed
         self._report_floor(topic)
+        return removed
+
+    def _cut(self, topic: CID, through: int) -> int:
+        """Remove the entries up to ``through`` and the event blocks they named, except
+        the topic's heads (the node links its next event to them and tells neighbours of
+        them). A large event's payload (a chunk tree, whose blocks another event with the
+        same payload may share) is kept."""
+        cut = [cid for _, cid, _ in self._state.log_range(topic, 0, before_seq=through + 1)]
+        removed = self._state.log_prune(topic, through)
+        heads = set(self._state.heads(topic))
+        self._store.delete_many(cid for cid in cut if cid not in heads)
         return removed
 
     def _report_floor(self, topic: CID) -> None:

@@ -18,44 +18,62 @@ from .conftest import Network, collect, eventually
 PUBLISHER = Identity.from_seed(b"p" * 32)
 
 
-def _log_of(tmp_path: Path, created: list[float]) -> tuple[NodeState, CID, list[CID]]:
-    """A node's tables with one topic's log holding events created at ``created``."""
+class Log:
+    """A node's tables with one topic's log (what :func:`_log_of` made)."""
+
+    def __init__(self, store: BlockStore, topic: CID, events: list[CID]) -> None:
+        self.store = store
+        self.state = NodeState(store)
+        self.topic = topic
+        self.events = events
+
+    def retention(self, policy: Retention | None) -> LogRetention:
+        return LogRetention(self.state, self.store, lambda _: policy)
+
+
+def _log_of(tmp_path: Path, created: list[float]) -> Log:
+    """One topic's log holding events created at ``created``, their blocks stored."""
     store = BlockStore(tmp_path / "node.sqlite3")
-    state = NodeState(store)
     topic = TopicDescriptor.create(PUBLISHER, "t", now=1000.0)
     events = [EventDescriptor.create(PUBLISHER, topic.cid, b"%d" % i, now=at)
               for i, at in enumerate(created)]
     store.put_many([(e.cid, e.block) for e in events])
-    state.log_append(topic.cid, [e.cid for e in events], 5000.0)
-    return state, topic.cid, [e.cid for e in events]
+    log = Log(store, topic.cid, [e.cid for e in events])
+    log.state.log_append(topic.cid, log.events, 5000.0)
+    return log
 
 
 def test_max_events_keeps_the_newest(tmp_path: Path) -> None:
-    state, topic, events = _log_of(tmp_path, [1000.0 + i for i in range(12)])
-    retention = LogRetention(state, lambda _: Retention(max_events=5))
-    assert retention.apply(topic, 6000.0) == 7
-    assert [cid for _, cid, _ in state.log_range(topic)] == events[7:]
-    assert state.log_retained_from(topic) == 8
-    assert retention.apply(topic, 6000.0) == 0
+    log = _log_of(tmp_path, [1000.0 + i for i in range(12)])
+    log.state.set_heads(log.topic, [log.events[-1], log.events[2]])  # a cut head is kept
+    retention = log.retention(Retention(max_events=5))
+    assert retention.apply(log.topic, 6000.0) == 7
+    assert [cid for _, cid, _ in log.state.log_range(log.topic)] == log.events[7:]
+    assert log.state.log_retained_from(log.topic) == 8
+    # The cut entries' event blocks went with them, but the head's.
+    assert [log.store.has(cid) for cid in log.events] == [
+        False, False, True, False, False, False, False, True, True, True, True, True]
+    assert retention.apply(log.topic, 6000.0) == 0
     assert retention.pruned == 7
 
 
 def test_max_age_cuts_the_oldest_run_only(tmp_path: Path) -> None:
     """Entries are in delivery order, not creation order: the cut stops at the first entry
     young enough, and an old one behind it waits for what is before it."""
-    state, topic, _ = _log_of(tmp_path, [1000.0, 1001.0, 1002.0, 1500.0, 1003.0, 1501.0])
-    assert LogRetention(state, lambda _: Retention(max_age=100)).apply(topic, 1550.0) == 3
-    assert state.log_retained_from(topic) == 4
+    log = _log_of(tmp_path, [1000.0, 1001.0, 1002.0, 1500.0, 1003.0, 1501.0])
+    assert log.retention(Retention(max_age=100)).apply(log.topic, 1550.0) == 3
+    assert log.state.log_retained_from(log.topic) == 4
     # Both rules: max_events cuts further than age here.
-    both = LogRetention(state, lambda _: Retention(max_age=10_000, max_events=1))
-    assert both.apply(topic, 1550.0) == 2
-    assert state.log_retained_from(topic) == 6
+    both = log.retention(Retention(max_age=10_000, max_events=1))
+    assert both.apply(log.topic, 1550.0) == 2
+    assert log.state.log_retained_from(log.topic) == 6
 
 
 def test_no_policy_keeps_everything(tmp_path: Path) -> None:
-    state, topic, _ = _log_of(tmp_path, [1000.0, 1001.0])
-    assert LogRetention(state, lambda _: None).apply(topic, 9e9) == 0
-    assert state.log_retained_from(topic) == 1
+    log = _log_of(tmp_path, [1000.0, 1001.0])
+    assert log.retention(None).apply(log.topic, 9e9) == 0
+    assert log.state.log_retained_from(log.topic) == 1
+    assert all(log.store.has(cid) for cid in log.events)
 
 
 async def test_a_topic_policy_reaches_a_subscriber_and_reads_before_it_are_refused(
@@ -78,6 +96,12 @@ async def test_a_topic_policy_reaches_a_subscriber_and_reads_before_it_are_refus
         reader.log_entries(topic.cid, after=2)
     assert refused.value.retained_from == 6
     assert reader.metrics["log_entries_pruned"] == 5
+    # The author cut its own log too; it still publishes (its last event is a head, and
+    # heads keep their blocks) and the reader gets it next.
+    author._driver.retention.sweep([topic.cid], time.time())
+    assert author.retained_from(topic.cid) == 6
+    await author.publish(topic.cid, b"after the cut")
+    assert [e.payload for e in await collect(sub, 1)] == [b"after the cut"]
     # An update can lift the policy: nothing is cut any more.
     v2 = await author.update_topic(topic.cid, retention=None)
     assert v2.retention is None
