@@ -17,12 +17,12 @@ from typing import Any
 from aiohttp import web
 
 from dag import CID, TopicDescriptor
-from pulsar import LogEntry, Node
+from pulsar import BeforeRetention, LogEntry, Node
 
 from .common import MAX_PAGE, node_of, query_choice, query_int, topic_of
 from .limits import PAGE_BYTES, SEQ_DIGITS
 from .logblocks import MAGIC, MEDIA_TYPE, encode_record
-from .problems import Problem
+from .problems import STREAMING, Problem
 from .topics import event_view
 from .views import parse_cid
 
@@ -180,6 +180,7 @@ async def _ndjson(request: web.Request, node: Node, topic: CID, low: int, high: 
                   limit: int | None, backward: bool) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
     await response.prepare(request)
+    request[STREAMING] = True  # a cut now ends it unfinished
     try:
         await _ndjson_lines(response, node, topic, low, high, limit, backward)
     except ConnectionError:  # the client went away: nothing to finish, nothing to log
@@ -215,6 +216,7 @@ async def _blocks(request: web.Request, node: Node, topic: CID, low: int, high: 
     length-prefixed records, nothing parsed or turned into text on the node."""
     response = web.StreamResponse(headers={"Content-Type": MEDIA_TYPE})
     await response.prepare(request)
+    request[STREAMING] = True  # a cut now ends it unfinished
     out = ChunkedWriter(response)
     remaining = limit
     try:
@@ -293,7 +295,13 @@ async def _stream_log(response: web.StreamResponse, node: Node, topic: CID, posi
     await response.write(b"retry: 1000\n\n")
     out = ChunkedWriter(response)
     while not node.stopped:
-        entries = node.log_entries(topic, after=position, limit=READ_BATCH)
+        try:
+            entries = node.log_entries(topic, after=position, limit=READ_BATCH)
+        except BeforeRetention as cut:  # the reader fell behind the topic's retention
+            await out.flush()
+            end = {"reason": "before-retention", "retained_from": cut.retained_from}
+            await response.write(f"event: end\ndata: {json.dumps(end)}\n\n".encode())
+            break
         if entries:
             for entry in entries:
                 data = json.dumps(await _entry_json(node, entry))

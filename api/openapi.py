@@ -99,7 +99,9 @@ def openapi_document() -> dict[str, Any]:
     bound = {"type": "integer", "minimum": 1, "maximum": MAX_RETENTION}
     retention = {
         "type": "object", "minProperties": 1, "additionalProperties": False,
-        "properties": {"max_age": {**bound, "description": "seconds"}, "max_events": bound},
+        "properties": {"max_age": {"oneOf": [{"type": "null"}, {**bound,
+                                                                "description": "seconds"}]},
+                       "max_events": {"oneOf": [{"type": "null"}, bound]}},
         "description": "how much history every node keeps (null on an update: all of it); "
                        "a read of the log from a position it cut answers 410 "
                        "before-retention",

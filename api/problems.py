@@ -17,7 +17,7 @@ from aiohttp import web
 
 from pulsar.runtime.errors import BeforeRetention
 
-__all__ = ["PROBLEM_TYPES", "Problem", "problem_middleware", "problem_response"]
+__all__ = ["PROBLEM_TYPES", "STREAMING", "Problem", "problem_middleware", "problem_response"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,9 @@ def problem_response(
     )
 
 
+STREAMING: web.RequestKey[bool] = web.RequestKey("streaming", bool)
+"""Set on a request once its handler has sent the status line of a streamed answer."""
+
 _HTTP_KINDS = {404: "not-found", 405: "method-not-allowed", 413: "payload-too-large"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,6 +105,12 @@ async def problem_middleware(request: web.Request, handler: Handler) -> web.Stre
             problem.status, problem.kind, problem.detail, headers=headers, **problem.extra
         )
     except BeforeRetention as exc:  # a read of the delivery log, from any endpoint
+        if request.get(STREAMING):
+            # A stream (NDJSON, bulk) whose reader fell behind the topic's retention
+            # mid-way: its status is sent, so end it unfinished, never as a short answer
+            # that looks whole.
+            log.info("%s %s: %s", request.method, request.path, exc)
+            raise ConnectionResetError(str(exc)) from None
         return problem_response(410, "before-retention", str(exc),
                                 retained_from=exc.retained_from)
     except web.HTTPException as exc:

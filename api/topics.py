@@ -103,9 +103,11 @@ def _settings(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
 def _retention(value: Any) -> Retention | None:
     """``{"max_age": seconds, "max_events": n}`` (one or both), or null: every event is
     kept (on an update: again)."""
+    if isinstance(value, dict):  # null members are unset: what GET shows can be sent back
+        value = {k: v for k, v in value.items() if v is not None} or None
     if value is None:
         return None
-    if not isinstance(value, dict) or not value or set(value) - {"max_age", "max_events"}:
+    if not isinstance(value, dict) or set(value) - {"max_age", "max_events"}:
         raise Problem(400, "invalid-field", "retention must be an object with max_age "
                       "(seconds) and/or max_events, or null")
     bounds: dict[str, int] = {}

@@ -113,7 +113,9 @@ class LogRetention:
         links = None if block is None else event_links(block)
         if links is None:
             return
-        floor = parse_timestamp(links.created)
+        # The publisher signed ``created``; a clock that runs fast (or a lie) must not
+        # move the horizon past what this node has seen: never beyond the delivery time.
+        floor = min(parse_timestamp(links.created), rows[0][2])
         if self._floors.get(topic) != floor:
             self._floors[topic] = floor
             self._on_cut(topic, floor)
@@ -126,9 +128,12 @@ class LogRetention:
             rows = self._state.log_blocks(topic, after, SCAN_BATCH)
             if not rows:
                 return through
-            for seq, _, _, block in rows:
+            for seq, _, delivered_at, block in rows:
                 links = None if block is None else event_links(block)
-                if links is None or parse_timestamp(links.created) >= cutoff:
+                # An event is no older than when it arrived here (its publisher's clock
+                # may run fast): a future ``created`` does not hold the cut back for ever.
+                if links is None or min(parse_timestamp(links.created),
+                                        delivered_at) >= cutoff:
                     return through
                 through = seq
             after = rows[-1][0]

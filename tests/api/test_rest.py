@@ -396,3 +396,7 @@ async def test_retention_is_declared_shown_and_a_cut_position_answers_410(
     async with reader.http.get(f"{reader.url}/v1/topics/{cid}/stream",
                                headers={"Last-Event-ID": "2", **reader.auth}) as r:
         assert r.status == 410
+    # What GET shows (an unset member as null) can be sent back as it is.
+    status, v2 = await author.call("PATCH", f"/v1/topics/{cid}",
+                                   json={"retention": {"max_age": 60, "max_events": None}})
+    assert status == 200 and v2["retention"] == {"max_age": 60, "max_events": None}  # type: ignore[index]
