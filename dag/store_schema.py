@@ -27,6 +27,9 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     outbox        (topic, event) → published_at  this node's own published events not yet
                                                  delivered (logged) here (schema 3): a
                                                  restart announces them again
+    log_cut       (topic, event) → delivered_at  delivery-log entries a retention policy cut
+                                                 (schema 5), kept for a while so an event
+                                                 met again is known as delivered
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Final
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -53,6 +56,14 @@ _OUTBOX: Final = """CREATE TABLE IF NOT EXISTS outbox (
         published_at REAL NOT NULL,
         PRIMARY KEY (topic, event)
     ) WITHOUT ROWID"""
+
+_LOG_CUT: Final = """CREATE TABLE IF NOT EXISTS log_cut (
+        topic        BLOB NOT NULL,
+        event        BLOB NOT NULL,
+        delivered_at REAL NOT NULL,
+        PRIMARY KEY (topic, event)
+    ) WITHOUT ROWID"""
+_LOG_CUT_INDEX: Final = "CREATE INDEX IF NOT EXISTS log_cut_time ON log_cut (delivered_at)"
 
 # The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
 # cannot be inverted: this index maps each stored block's key back to its CID, so a node
@@ -127,6 +138,8 @@ _SCHEMA: Final = (
     )""",
     _OUTBOX,
     _BLOCK_KEYS,
+    _LOG_CUT,
+    _LOG_CUT_INDEX,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -144,10 +157,12 @@ _MIGRATIONS: Final = {
         f"INSERT OR IGNORE INTO block_keys (key, cid) SELECT {_SHA1_SQL}(cid), cid FROM blocks",
         "PRAGMA user_version = 4",
     ),
+    # 4 -> 5: what retention cut from the delivery log.
+    4: (_LOG_CUT, _LOG_CUT_INDEX, "PRAGMA user_version = 5"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
-     "topic_latest", "outbox", "block_keys"}
+     "topic_latest", "outbox", "block_keys", "log_cut"}
 )
 
 

@@ -275,8 +275,14 @@ class NodeState:
         return None if row is None else int(row[0])
 
     def log_contains(self, topic: CID, event: CID) -> bool:
-        """Whether ``event`` is in the log of ``topic``."""
-        return self.log_seq_of(topic, event) is not None
+        """Whether ``event`` was delivered into the log of ``topic``: it is there, or a
+        retention policy cut it lately (:meth:`log_prune`)."""
+        if self.log_seq_of(topic, event) is not None:
+            return True
+        with self._store.connection() as conn:
+            row = conn.execute("SELECT 1 FROM log_cut WHERE topic = ? AND event = ?",
+                               (topic.raw, event.raw)).fetchone()
+        return row is not None
 
     def log_seq_at_time(self, topic: CID, ts: float) -> int:
         """The last sequence number delivered strictly before ``ts``; 0 if none. Reading the
@@ -306,10 +312,31 @@ class NodeState:
         """Delete the entries of ``topic`` with ``seq <= through_seq`` (a retention policy's
         tool); returns how many. The high-water mark stays, so new entries still get numbers
         above every number handed out before."""
-        with self._store.connection() as conn:
+        with self._store.transaction() as conn:
+            # Remembered as cut (log_contains), so an event a backfill meets again is not
+            # delivered a second time; forgotten by log_cut_expire.
+            conn.execute(
+                "INSERT OR IGNORE INTO log_cut (topic, event, delivered_at) SELECT topic, "
+                "event, delivered_at FROM delivery_log WHERE topic = ? AND seq <= ?",
+                (topic.raw, through_seq))
             return int(
                 conn.execute(
                     "DELETE FROM delivery_log WHERE topic = ? AND seq <= ?",
                     (topic.raw, through_seq),
                 ).rowcount
             )
+
+    def log_cut_expire(self, before: float) -> int:
+        """Forget the cut entries delivered before ``before`` (the backfill horizon has
+        long passed them); returns how many."""
+        with self._store.transaction() as conn:
+            return int(conn.execute("DELETE FROM log_cut WHERE delivered_at < ?",
+                                    (before,)).rowcount)
+
+    def log_last_at(self, topic: CID) -> float | None:
+        """When the log of ``topic`` last grew (the delivery time of its newest position),
+        or None if it never did."""
+        with self._store.connection() as conn:
+            row = conn.execute("SELECT last_at FROM log_state WHERE topic = ?",
+                               (topic.raw,)).fetchone()
+        return None if row is None else float(row[0])

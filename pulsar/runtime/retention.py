@@ -27,7 +27,7 @@ from pulsar.proto.repair.backfill import event_links
 
 from .node_state import NodeState
 
-__all__ = ["APPLY_EVERY", "SWEEP_EVERY", "LogRetention", "sweep_forever"]
+__all__ = ["APPLY_EVERY", "CUT_MEMORY", "SWEEP_EVERY", "LogRetention", "sweep_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,13 @@ few; events arriving in between are cut at the next)."""
 SWEEP_EVERY: Final = 60.0
 """Seconds between two cuts of every followed topic, for topics that stopped growing (their
 oldest events still age out)."""
+CUT_MEMORY: Final = 3600.0
+"""Seconds a cut entry is remembered as delivered (so a backfill that meets it again does
+not deliver it twice). Past that the backfill horizon covers it: it was created before
+the oldest entry kept, less the horizon's slack."""
+FIRST_SWEEP: Final = 5.0
+"""Seconds after the node starts before the first sweep, which tells the core where each
+cut log begins again (a restart forgot it)."""
 SCAN_BATCH: Final = 256
 """Log entries read at a time when looking for the end of what has aged out."""
 
@@ -45,7 +52,7 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_floors", "_last", "_on_cut", "_policy_of", "_state", "_store", "pruned")
+    __slots__ = ("_last", "_on_cut", "_policy_of", "_state", "_store", "pruned")
 
     def __init__(self, state: NodeState, store: BlockStore,
                  policy_of: Callable[[CID], Retention | None],
@@ -57,7 +64,6 @@ class LogRetention:
         """Told ``(topic, created time of the oldest entry kept)`` whenever that moves, so
         the protocol core settles what was cut as history if a backfill meets it again."""
         self._last: dict[CID, float] = {}
-        self._floors: dict[CID, float] = {}
         self.pruned = 0
         """Log entries removed by a policy since the node started (a metric)."""
 
@@ -69,8 +75,11 @@ class LogRetention:
         self.apply(topic, now)
 
     def sweep(self, topics: list[CID], now: float) -> int:
-        """Cut every one of ``topics``; returns how many entries went."""
-        return sum(self.apply(topic, now) for topic in topics)
+        """Cut every one of ``topics``, and forget cut entries older than
+        :data:`CUT_MEMORY`; returns how many entries went."""
+        removed = sum(self.apply(topic, now) for topic in topics)
+        self._state.log_cut_expire(now - CUT_MEMORY)
+        return removed
 
     def apply(self, topic: CID, now: float) -> int:
         """Cut ``topic``'s log to the policy of its latest version known here; returns
@@ -109,16 +118,22 @@ class LogRetention:
         if first <= 1:
             return
         rows = self._state.log_blocks(topic, first - 1, 1)
-        block = rows[0][3] if rows else None
-        links = None if block is None else event_links(block)
-        if links is None:
-            return
-        # The publisher signed ``created``; a clock that runs fast (or a lie) must not
-        # move the horizon past what this node has seen: never beyond the delivery time.
-        floor = min(parse_timestamp(links.created), rows[0][2])
-        if self._floors.get(topic) != floor:
-            self._floors[topic] = floor
-            self._on_cut(topic, floor)
+        if rows:
+            block = rows[0][3]
+            links = None if block is None else event_links(block)
+            if links is None:
+                return
+            # The publisher signed ``created``; a clock that runs fast (or a lie) must not
+            # move the horizon past what this node has seen: never beyond its delivery.
+            floor = min(parse_timestamp(links.created), rows[0][2])
+        else:  # everything was cut: all of it arrived by the last append
+            last_at = self._state.log_last_at(topic)
+            if last_at is None:
+                return
+            floor = last_at
+        # Told on every pass (it costs the core a comparison): after a restart the topic's
+        # subscription may be resumed only after the first pass.
+        self._on_cut(topic, floor)
 
     def _aged(self, topic: CID, cutoff: float) -> int:
         """The position of the last entry of the oldest run of entries created before
@@ -143,8 +158,10 @@ async def sweep_forever(retention: LogRetention, topics: Callable[[], list[CID]]
                         clock: Callable[[], float], every: float = SWEEP_EVERY) -> None:
     """Cut every followed topic's log every ``every`` seconds, until cancelled (the
     driver's task set is, when the node stops)."""
+    delay = FIRST_SWEEP
     while True:
-        await asyncio.sleep(every)
+        await asyncio.sleep(delay)
+        delay = every
         try:
             retention.sweep(topics(), clock())
         except Exception as exc:  # a full disk, a closed store: try again next time

@@ -110,3 +110,29 @@ async def test_a_topic_policy_reaches_a_subscriber_and_reads_before_it_are_refus
     await collect(sub, 1)
     reader._driver.retention.sweep([topic.cid], time.time())
     assert reader.retained_from(topic.cid) == 6
+
+
+def test_cut_entries_stay_known_as_delivered_for_a_while(tmp_path: Path) -> None:
+    """A backfill asks ``log_contains`` whether an event was delivered: a cut one still
+    is (it must not be delivered a second time), until the memory of cuts expires."""
+    log = _log_of(tmp_path, [1000.0, 1001.0, 1002.0])
+    told: list[tuple[CID, float]] = []
+    retention = LogRetention(log.state, log.store, lambda _: Retention(max_events=1),
+                             on_cut=lambda topic, before: told.append((topic, before)))
+    assert retention.apply(log.topic, 6000.0) == 2
+    assert all(log.state.log_contains(log.topic, cid) for cid in log.events)
+    assert told == [(log.topic, 1002.0)]  # the oldest entry kept: created 1002
+    assert log.state.log_cut_expire(4000.0) == 0  # delivered at 5000: remembered
+    assert log.state.log_cut_expire(5000.5) == 2
+    assert [log.state.log_contains(log.topic, cid) for cid in log.events] == [
+        False, False, True]
+
+
+def test_a_log_cut_entirely_reports_when_it_last_grew(tmp_path: Path) -> None:
+    log = _log_of(tmp_path, [1000.0, 1001.0])
+    told: list[float] = []
+    retention = LogRetention(log.state, log.store, lambda _: Retention(max_age=10),
+                             on_cut=lambda topic, before: told.append(before))
+    assert retention.apply(log.topic, 9000.0) == 2
+    assert log.state.log_retained_from(log.topic) == 3
+    assert told == [5000.0]  # log_state.last_at: every cut event had arrived by then
