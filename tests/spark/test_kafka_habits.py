@@ -183,3 +183,21 @@ def test_content_type_is_read_and_written_back(source: Any, net: SparkNet) -> No
     copied = read(source, **net.options(0, topic=copy)).collect()
     assert sorted((bytes(r.payload), r.content_type or "") for r in copied) == sorted(
         (p, k or "") for p, k in sent)
+
+
+def test_earliest_starts_at_what_retention_kept(source: Any, net: SparkNet) -> None:
+    """A topic whose retention policy cut its log: a batch read from earliest (the
+    default) starts at the first position kept; split in parts, none of them starts at a
+    cut position (which would answer 410)."""
+    import time
+
+    from dag import CID
+
+    topic = net.create_topic("spark/kafka-retained", retention={"max_events": 3})
+    net.publish(topic, [b"%d" % i for i in range(8)], window=1)
+    wait_for(lambda: net.last(topic) == 8, timeout=30)
+    node = net.nodes[0].node
+    net.bg.call(node._driver.retention.sweep, [CID.parse(topic)], time.time())
+    assert net.bg.call(node.retained_from, CID.parse(topic)) == 6
+    rows = read(source, **net.options(0, topic=topic, minPartitions="4")).collect()
+    assert sorted(bytes(r.payload) for r in rows) == [b"5", b"6", b"7"]

@@ -64,10 +64,14 @@ class FakeLog:
     def first_position_at(self, topic: str, when: float) -> int | None:
         return 7 if when < 100 else None
 
+    def first_kept(self, topic: str) -> int:
+        return 1 if topic == A else 30  # B's log was cut by its retention policy
+
 
 def test_bounds_resolve_to_next_positions() -> None:
     log = FakeLog()
     assert resolve_bound(EARLIEST, A, 50, log, "o") == 1
+    assert resolve_bound(EARLIEST, B, 50, log, "o") == 30  # earliest: the first one kept
     assert resolve_bound(LATEST, A, 50, log, "o") == 51
     assert resolve_bound(Bound("position", 51), A, 50, log, "o") == 51
     assert resolve_bound(Bound("event", B), A, 50, log, "o") == 42  # the event itself

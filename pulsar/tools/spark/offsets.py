@@ -113,6 +113,11 @@ class LogQueries(Protocol):
         """The first position delivered at or after ``when``; None if there is none."""
         ...
 
+    def first_kept(self, topic: str) -> int:
+        """The first position the log still holds (a topic's retention policy may have
+        cut the ones before); ``last + 1`` if it holds none."""
+        ...
+
 
 def normalise_cid(value: str, what: str) -> str:
     """A CID string in its one canonical text form (so any base the user pasted matches)."""
@@ -219,11 +224,12 @@ def parse_timestamp(text: str, option: str) -> float:
 
 def resolve_bound(bound: Bound, topic: str, last: int, log: LogQueries, option: str) -> int:
     """The position ``bound`` stands for in the log of ``topic`` whose newest position is
-    ``last``: earliest is 1, latest is ``last + 1`` (nothing read yet), an event is its own
+    ``last``: earliest is the first position kept (1 unless the topic's retention policy
+    cut older ones), latest is ``last + 1`` (nothing read yet), an event is its own
     position (the entry after its predecessor), a time the first position delivered at or
     after it. Positions beyond ``last + 1`` are refused rather than waited for."""
     if bound.kind == "earliest":
-        return 1
+        return log.first_kept(topic)
     if bound.kind == "latest":
         return last + 1
     if bound.kind == "position":

@@ -263,6 +263,12 @@ class NodeApi:
             topic, cursor=event, direction="backward", limit=1))
         return self._checked(lambda: _newest_seq(page), doing)
 
+    def first_kept(self, topic: str) -> int:
+        doing = f"finding the first position the log of {topic} holds"
+        page = self._call(doing, lambda c: c.history_page(topic, limit=1))
+        first = self._checked(lambda: _newest_seq(page), doing)
+        return first or self.topic_root(topic)[1] + 1
+
     def first_position_at(self, topic: str, when: float) -> int | None:
         doing = f"finding the first event of {topic} delivered at or after {when}"
         page = self._call(doing, lambda c: c.history_page(topic, since=repr(when), limit=1))
