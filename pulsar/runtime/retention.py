@@ -44,6 +44,8 @@ the oldest entry kept, less the horizon's slack."""
 FIRST_SWEEP: Final = 5.0
 """Seconds after the node starts before the first sweep, which tells the core where each
 cut log begins again (a restart forgot it)."""
+CUT_BATCH: Final = 10_000
+"""Log entries one pass cuts at most."""
 SCAN_BATCH: Final = 256
 """Log entries read at a time when looking for the end of what has aged out."""
 
@@ -52,7 +54,7 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_last", "_on_cut", "_policy_of", "_state", "_store", "pruned")
+    __slots__ = ("_last", "_on_cut", "_policy_of", "_spared", "_state", "_store", "pruned")
 
     def __init__(self, state: NodeState, store: BlockStore,
                  policy_of: Callable[[CID], Retention | None],
@@ -64,6 +66,9 @@ class LogRetention:
         """Told ``(topic, created time of the oldest entry kept)`` whenever that moves, so
         the protocol core settles what was cut as history if a backfill meets it again."""
         self._last: dict[CID, float] = {}
+        self._spared: dict[CID, set[CID]] = {}
+        """Cut entries whose blocks were kept because they were heads: deleted at a later
+        cut once they are not (a restart forgets them: a few blocks stay)."""
         self.pruned = 0
         """Log entries removed by a policy since the node started (a metric)."""
 
@@ -88,12 +93,16 @@ class LogRetention:
         policy = self._policy_of(topic)
         if policy is None:
             return 0
+        # At most CUT_BATCH entries a pass: a policy set on a long log is applied over a
+        # few passes rather than in one call that holds the event loop for seconds.
+        start = self._state.log_retained_from(topic) - 1
         through = 0
         if policy.max_events is not None:
             through = self._state.log_last_seq(topic) - policy.max_events
         if policy.max_age is not None:
-            through = max(through, self._aged(topic, now - policy.max_age))
-        removed = self._cut(topic, through) if through > 0 else 0
+            through = max(through, self._aged(topic, now - policy.max_age, start))
+        through = min(through, start + CUT_BATCH)
+        removed = self._cut(topic, through) if through > start else 0
         self.pruned += removed
         self._report_floor(topic)
         return removed
@@ -106,7 +115,12 @@ class LogRetention:
         cut = [cid for _, cid, _ in self._state.log_range(topic, 0, before_seq=through + 1)]
         removed = self._state.log_prune(topic, through)
         heads = set(self._state.heads(topic))
-        self._store.delete_many(cid for cid in cut if cid not in heads)
+        spared = self._spared.setdefault(topic, set())
+        spared.update(cid for cid in cut if cid in heads)
+        gone = [cid for cid in cut if cid not in heads]
+        gone += [cid for cid in spared if cid not in heads]  # heads no more: their turn
+        spared.intersection_update(heads)
+        self._store.delete_many(gone)
         return removed
 
     def _report_floor(self, topic: CID) -> None:
@@ -135,11 +149,12 @@ class LogRetention:
         # subscription may be resumed only after the first pass.
         self._on_cut(topic, floor)
 
-    def _aged(self, topic: CID, cutoff: float) -> int:
+    def _aged(self, topic: CID, cutoff: float, start: int) -> int:
         """The position of the last entry of the oldest run of entries created before
-        ``cutoff`` (0 if the oldest entry kept is younger)."""
-        through, after = 0, 0
-        while True:
+        ``cutoff`` (``start``, the last position cut, if the oldest entry kept is younger),
+        looking at most :data:`CUT_BATCH` entries far."""
+        through, after = start, start
+        while after < start + CUT_BATCH:
             rows = self._state.log_blocks(topic, after, SCAN_BATCH)
             if not rows:
                 return through
@@ -152,6 +167,7 @@ class LogRetention:
                     return through
                 through = seq
             after = rows[-1][0]
+        return through
 
 
 async def sweep_forever(retention: LogRetention, topics: Callable[[], list[CID]],

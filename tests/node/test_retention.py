@@ -136,3 +136,30 @@ def test_a_log_cut_entirely_reports_when_it_last_grew(tmp_path: Path) -> None:
     assert retention.apply(log.topic, 9000.0) == 2
     assert log.state.log_retained_from(log.topic) == 3
     assert told == [5000.0]  # log_state.last_at: every cut event had arrived by then
+
+
+def test_a_long_cut_is_spread_over_passes(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import pulsar.runtime.retention as retention_module
+
+    monkeypatch.setattr(retention_module, "CUT_BATCH", 3)
+    log = _log_of(tmp_path, [1000.0 + i for i in range(10)])
+    by_count = log.retention(Retention(max_events=2))
+    assert [by_count.apply(log.topic, 6000.0) for _ in range(4)] == [3, 3, 2, 0]
+    (tmp_path / "age").mkdir()
+    log = _log_of(tmp_path / "age", [1000.0 + i for i in range(10)])
+    by_age = log.retention(Retention(max_age=10))
+    assert [by_age.apply(log.topic, 1017.5) for _ in range(4)] == [3, 3, 2, 0]
+    assert log.state.log_retained_from(log.topic) == 9  # created 1008: 9.5 s old
+
+
+def test_a_head_spared_by_a_cut_goes_at_a_later_one(tmp_path: Path) -> None:
+    log = _log_of(tmp_path, [1000.0 + i for i in range(6)])
+    log.state.set_heads(log.topic, [log.events[1]])
+    retention = log.retention(Retention(max_events=4))
+    assert retention.apply(log.topic, 6000.0) == 2
+    assert log.store.has(log.events[1]) and not log.store.has(log.events[0])
+    log.state.set_heads(log.topic, [log.events[5]])  # no longer a head
+    log.state.log_append(log.topic, [log.events[0]], 6001.0)  # one more entry: seq 7
+    assert retention.apply(log.topic, 6002.0) == 1
+    assert not log.store.has(log.events[1])
