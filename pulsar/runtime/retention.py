@@ -92,6 +92,7 @@ class LogRetention:
         self._last[topic] = now
         policy = self._policy_of(topic)
         if policy is None:
+            self._report_floor(topic)  # a policy dropped later: what it cut stays cut
             return 0
         # At most CUT_BATCH entries a pass: a policy set on a long log is applied over a
         # few passes rather than in one call that holds the event loop for seconds.
