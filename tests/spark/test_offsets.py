@@ -72,6 +72,7 @@ def test_bounds_resolve_to_next_positions() -> None:
     log = FakeLog()
     assert resolve_bound(EARLIEST, A, 50, log, "o") == 1
     assert resolve_bound(EARLIEST, B, 50, log, "o") == 30  # earliest: the first one kept
+    assert resolve_bound(EARLIEST, B, 10, log, "o") == 11  # never past the planned last
     assert resolve_bound(LATEST, A, 50, log, "o") == 51
     assert resolve_bound(Bound("position", 51), A, 50, log, "o") == 51
     assert resolve_bound(Bound("event", B), A, 50, log, "o") == 42  # the event itself

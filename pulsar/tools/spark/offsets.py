@@ -229,7 +229,8 @@ def resolve_bound(bound: Bound, topic: str, last: int, log: LogQueries, option: 
     position (the entry after its predecessor), a time the first position delivered at or
     after it. Positions beyond ``last + 1`` are refused rather than waited for."""
     if bound.kind == "earliest":
-        return log.first_kept(topic)
+        # Asked after ``last`` was read: the log may have grown since; never past it.
+        return min(log.first_kept(topic), last + 1)
     if bound.kind == "latest":
         return last + 1
     if bound.kind == "position":
