@@ -277,12 +277,13 @@ class NodeState:
     def log_contains(self, topic: CID, event: CID) -> bool:
         """Whether ``event`` was delivered into the log of ``topic``: it is there, or a
         retention policy cut it lately (:meth:`log_prune`)."""
-        if self.log_seq_of(topic, event) is not None:
-            return True
+        # One query: this is the core's ``is_delivered``, asked of most events it meets.
         with self._store.connection() as conn:
-            row = conn.execute("SELECT 1 FROM log_cut WHERE topic = ? AND event = ?",
-                               (topic.raw, event.raw)).fetchone()
-        return row is not None
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM delivery_log WHERE topic = ?1 AND event = ?2)"
+                " OR EXISTS (SELECT 1 FROM log_cut WHERE topic = ?1 AND event = ?2)",
+                (topic.raw, event.raw)).fetchone()
+        return bool(row[0])
 
     def log_seq_at_time(self, topic: CID, ts: float) -> int:
         """The last sequence number delivered strictly before ``ts``; 0 if none. Reading the
