@@ -9,9 +9,11 @@ them out. It composes the layers, each a module of its own:
   rule, parents, children, relay joins, routing around failed parents;
 * **versions and rights** (:mod:`pulsar.proto.versions.lineage`): every topic version, the latest
   one, and the rule that judges every event by the latest version (revocation holds);
-* **topic commands and version adoption** (:mod:`pulsar.proto.adoption`, building
-  descriptors in :mod:`pulsar.proto.versions.descriptors`): creation (algorithm 1) and
-  updates, announced on the author-only meta topic, adopted by every subscriber from meta events;
+* **topic commands and version adoption** — a room of their own that owns its state and
+  reports back in values the core maps where they stand (:mod:`pulsar.proto.versions.adoption`,
+  :mod:`pulsar.proto.versions.commands`, building descriptors in
+  :mod:`pulsar.proto.versions.descriptors`): creation (algorithm 1) and updates, announced
+  on the author-only meta topic, adopted by every subscriber from meta events;
 * **publishing** (:mod:`pulsar.proto.publishing`, :mod:`pulsar.proto.stores`): rights,
   LAST_SEEN / CUSTOM linking, persisted (a write quorum of DHT acknowledgements) before
   forwarded, requests to publish, heads records in the DHT, and learning the latest
@@ -23,9 +25,10 @@ A node that restarts is given its durable heads and versions in ``Subscribe`` an
 from them: it judges by the latest version it had, links its next event to the newest
 event it had seen, and rejoins its trees.
 
-This module holds what ties the parts together (:mod:`pulsar.proto.parts`): the entry
-point, subscriptions, the messages of the tree and the events that travel it, failures
-and timers. Each part is a class; ``PulsarCore`` is all of them.
+This module holds the entry point, subscriptions, the messages of the tree and the events
+that travel it, failures and timers, and maps what the rooms report (``_adopt``,
+``_command``). Publishing is still a part of the same object (:mod:`pulsar.proto.parts`
+names what it shares with this module); the other layers are objects the core holds.
 """
 
 from __future__ import annotations
@@ -67,10 +70,25 @@ from pulsar.proto.repair.messages import MAX_HEADS, Blocks, Heads, HeadsDigest, 
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from pulsar.proto.tree.routing import Routing, Tree, TreeRouter, TreeView
 from pulsar.proto.tree.rtt import RttConfig, RttTable
-from pulsar.proto.versions.lineage import TopicVersions
+from pulsar.proto.versions.adoption import (
+    Adopted,
+    Adoption,
+    AdoptionOut,
+    Backfilled,
+    Refused,
+    Rejudge,
+    Resolved,
+    Unparked,
+)
+from pulsar.proto.versions.commands import (
+    CommandItem,
+    Created,
+    TopicCommands,
+    Unpersisted,
+    VersionStored,
+)
 
 from . import events as ev
-from .adoption import TopicJob, VersionAdoption
 from .config import LONE_NODE, CoreConfig
 from .events import Out
 from .publishing import Publishing
@@ -111,7 +129,7 @@ _NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune, Disconnect})
 """Messages that do not make a peer one we depend on (answers and good-byes)."""
 
 
-class PulsarCore(Publishing, VersionAdoption):
+class PulsarCore(Publishing):
     """All of a node's protocol state; feed it with :meth:`handle`."""
 
     def __init__(
@@ -138,7 +156,10 @@ class PulsarCore(Publishing, VersionAdoption):
         self.router = TreeRouter(self.me, routing, self.config, self.rtt)
         self.routing = routing
         self._trees = self.router.trees
-        self.versions = TopicVersions()
+        self.adoption = Adoption(self._lookup, parked_limit=self.config.parked_limit)
+        """Every known topic version and what waits for one (a room of its own)."""
+        self.versions = self.adoption.versions
+        self.commands = TopicCommands(identity, self.versions, self.config.min_acks)
         self.lazy = Plumtree(
             self.me, self._tree_edges, self._lookup, plumtree, self.rng, rtt=self.rtt
         )
@@ -164,16 +185,7 @@ class PulsarCore(Publishing, VersionAdoption):
         self.frags = Fragments(self.config.fragments)
         """Large events along the tree: fragments received, relayed and paced."""
         self.backfill.coming = self.frags.receiving
-        self._parked: dict[CID, list[tuple[PeerId | None, Event]]] = {}
-        """Events waiting for the topic version they name, by that version's CID."""
-        self._parked_count = 0
-        self._parked_backfill: dict[CID, list[ev.BlockFetched | ev.Received]] = {}
-        """Backfilled blocks and BLOCKS answers waiting for the topic version an event in
-        them names (judged before it is known, the event would be refused for good)."""
-        self._version_fetches: set[CID] = set()
         self._stores = OwnStores()
-        self._topic_jobs: dict[CID, TopicJob] = {}
-        self._rights_updates: dict[int, ev.UpdateTopic] = {}
         self._parent_checks: dict[CID, list[tuple[ev.Publish, CID]]] = {}
         """CUSTOM parents being fetched to verify before publishing, with what waits."""
         self._meta_wanted: set[CID] = set()
@@ -208,17 +220,18 @@ class PulsarCore(Publishing, VersionAdoption):
             case ev.BlockFetched():
                 out = self._on_block_fetched(event, now)
             case ev.DhtStored():
-                job = self._topic_jobs.pop(event.cid, None)
-                if job is None:
-                    out = self._on_dht_stored(event, now)
+                if self.commands.is_job(event.cid):
+                    out = self._command(self.commands.stored(event), now)
                 else:
-                    out = self._topic_stored(job, event, now)
+                    out = self._on_dht_stored(event, now)
             case ev.RecordStored():
                 out = self._on_record_stored(event, now)
             case ev.RecordsFetched():
-                update = self._rights_updates.pop(event.request, None) if event.request else None
-                if update is not None:
-                    out = self._build_update(update, event.records, now)
+                if self.commands.waits_for_records(event.request):
+                    tree = self._trees.get(event.topic)
+                    out = self._command(self.commands.records_fetched(
+                        event, tree is not None, self.backfill.heads(event.topic),
+                        None if tree is None else tree.last_seen, now), now)
                 else:
                     out = self._on_records(event, now)
             case ev.Subscribe():
@@ -228,9 +241,12 @@ class PulsarCore(Publishing, VersionAdoption):
             case ev.Publish():
                 out = self._on_publish(event, now)
             case ev.CreateTopic():
-                out = self._on_create(event, now)
+                out = self._command(self.commands.create(event, now), now)
             case ev.UpdateTopic():
-                out = self._on_update(event, now)
+                tree = self._trees.get(event.topic)
+                out = self._command(self.commands.update(
+                    event, tree is not None, self.backfill.heads(event.topic),
+                    None if tree is None else tree.last_seen, now), now)
             case ev.Flush():
                 out = self._flush_records(now)
             case ev.Start():
@@ -358,7 +374,7 @@ class PulsarCore(Publishing, VersionAdoption):
             if tree is None:
                 continue
             if tree.topic.is_meta:
-                extra += self._announced(item.event, now)
+                extra += self._adopt(self.adoption.announced(item.event), now)
             elif (tree.topic.author == self.me and item.event.publisher != self.me
                   and item.event.publisher not in tree.recorded_publishers):
                 # A publisher our record does not name yet: readers find its own record
@@ -437,14 +453,89 @@ class PulsarCore(Publishing, VersionAdoption):
                 probes.append(ev.Send(peer, Ping(nonce)))
         return probes
 
+    def _adopt(self, items: AdoptionOut, now: float) -> Out:
+        """Carry out what the adoption room reports, each item where it stands."""
+        out: Out = []
+        for item in items:
+            match item:
+                case Unparked():
+                    out += self._on_event(item.peer, item.message, now)
+                case Adopted():
+                    tree = self._trees.get(item.first)
+                    if tree is not None:
+                        version = item.version
+                        out.append(ev.StoreLocal(version.cid, version.block))
+                        out.append(ev.VersionAdopted(item.first, version))
+                        if version.heads:
+                            # The history the version records is reached from its heads,
+                            # not only back from today's: an event that raced the
+                            # revocation is refused here, and what lies below it would
+                            # never come through it.
+                            out += self.backfill.learn_heads(item.first, version.heads, None, now)
+                case Resolved():
+                    out += self._version_resolved(item.version, now)
+                case Refused():
+                    out += self._reject(item.peer, item.reason)
+                case Rejudge():
+                    if item.known and isinstance(item.item, ev.Received):
+                        out += self._backfill_blocks(item.item, now)
+                    else:
+                        out += self._pass_backfill(item.item, now)
+                case _:
+                    out.append(item)
+        return out
+
+    def _command(self, items: list[CommandItem], now: float) -> Out:
+        """Carry out what the topic-command room reports."""
+        out: Out = []
+        for item in items:
+            match item:
+                case Created():  # root of both trees
+                    out += self._on_subscribe(ev.Subscribe(item.meta, True, now), now)
+                    out += self._on_subscribe(ev.Subscribe(item.topic, True, now), now)
+                    out.append(ev.TopicReady(item.request, item.topic))
+                case VersionStored():
+                    out += self._adopt(self.adoption.add(item.version), now)
+                    out += self._announce(item.request, item.version, now)
+                case Unpersisted():
+                    self.metrics["store_quorum_failed"] += 1
+                    out.append(item.failure)
+                case _:
+                    out.append(item)
+        return out
+
+    def _backfill_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
+        """A block backfill asked the DHT for. An event naming a topic version not known
+        yet waits for it; anything else goes to the backfill layer at once."""
+        version = self.adoption.waiting_version(fetched)
+        if version is not None:
+            return self._adopt(self.adoption.park_backfill(version, fetched), now)
+        return self.backfill.on_fetched(fetched.cid, fetched.block, now)
+
+    def _backfill_blocks(self, received: ev.Received, now: float) -> Out:
+        """A neighbour's BLOCKS answer: it waits, whole, for the first topic version not
+        known yet that an event it would give backfill names (then for the next, if any)."""
+        msg = received.message
+        assert isinstance(msg, Blocks)
+        version = self.adoption.first_unknown(msg, set(self.backfill.missing(msg.topic)))
+        if version is not None:
+            return self._adopt(self.adoption.park_backfill(version, received), now)
+        return self.backfill.on_blocks(received.peer, msg, now)
+
+    def _pass_backfill(self, item: Backfilled, now: float) -> Out:
+        if isinstance(item, ev.BlockFetched):
+            return self.backfill.on_fetched(item.cid, item.block, now)
+        assert isinstance(item.message, Blocks)
+        return self.backfill.on_blocks(item.peer, item.message, now)
+
     def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
         topic = cmd.topic
         if topic.parent is not None:
             return self._reject(None, f"subscribe names {topic.cid}, not a first version")
         since = now if cmd.since is None else cmd.since
-        out = self._add_version(topic, now)
+        out = self._adopt(self.adoption.add(topic), now)
         for version in cmd.versions:
-            out += self._add_version(version, now)
+            out += self._adopt(self.adoption.add(version), now)
         tree = self._trees.get(topic.cid)
         if tree is not None:
             tree.deliver = tree.deliver or cmd.deliver
@@ -600,7 +691,7 @@ class PulsarCore(Publishing, VersionAdoption):
                 return self._reject(peer, f"join for {msg.topic}: {exc}")
             if topic.parent is not None:
                 return self._reject(peer, "join must name a topic's first version")
-            out = self._add_version(topic, now)
+            out = self._adopt(self.adoption.add(topic), now)
             tree = self.router.new_tree(topic, deliver=False)
             tree.relay_only = True
             self._new_interests.append(topic.cid)
@@ -727,7 +818,7 @@ class PulsarCore(Publishing, VersionAdoption):
         except InvalidDescriptor as exc:
             return self._reject(peer, f"event {cid}: {exc}")
         if self.versions.get(event.topic) is None:
-            return self._park(event.topic, peer, msg, now)
+            return self._adopt(self.adoption.park(event.topic, peer, msg), now)
         problem = self._judge(tree, event)
         if problem is not None:
             return self._reject(peer, problem)
@@ -772,7 +863,8 @@ class PulsarCore(Publishing, VersionAdoption):
         if problem is None and self.versions.is_sanctioned(first, event.cid):
             # Its parent and merges are vouched for now; if this node holds them already
             # (admitted on their publishers' rights), the vouching must go on below them.
-            self._vouch_below(first, [c for c in (event.parent, *event.merges) if c is not None])
+            self.adoption.vouch_below(
+                first, [c for c in (event.parent, *event.merges) if c is not None])
         return problem
 
     def _accept(
@@ -933,8 +1025,8 @@ class PulsarCore(Publishing, VersionAdoption):
             out += self._backfill_fetched(fetched, now)
         if block is not None and not cid.verifies(block):
             block = None
-        if cid in self._version_fetches:
-            out += self._version_fetched(cid, block, now)
+        if self.adoption.fetching(cid):
+            out += self._adopt(self.adoption.fetched(cid, block), now)
         if cid in self._parent_checks:
             out += self._parent_fetched(cid, block, now)
         if cid in self._meta_wanted:

@@ -1,11 +1,10 @@
-"""What the parts of :class:`~pulsar.proto.core.PulsarCore` share.
+"""What :class:`~pulsar.proto.publishing.Publishing` shares with the rest of the core.
 
-The core is one machine split by job into modules: :mod:`~pulsar.proto.core` (inputs,
-trees, events), :mod:`~pulsar.proto.publishing` (publish rules, linking, the write
-quorum, heads records, learning before publishing) and :mod:`~pulsar.proto.adoption`
-(topic commands and version adoption). Each part is a class over this base, which names
-the state they share and the few methods one part calls in another, so that each module
-type-checks on its own and ``PulsarCore`` is simply all of them.
+Publishing (publish rules, linking, the write quorum, heads records, learning before
+publishing) is still one class with :class:`~pulsar.proto.core.PulsarCore`: this base
+names the state they share and the few methods one calls in the other, so that each
+module type-checks on its own. The other layers — trees, versions (adoption and topic
+commands), repair, gossip, membership, fragments — are objects the core holds.
 """
 
 from __future__ import annotations
@@ -13,12 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from dag import CID, EventDescriptor, Identity, PeerId, TopicDescriptor
+from dag import CID, EventDescriptor, Identity, PeerId
 from pulsar.proto.fragments.layer import Fragments
 from pulsar.proto.gossip.plumtree import Plumtree
 from pulsar.proto.repair.backfill import Backfill, Unvouched
 from pulsar.proto.tree.messages import Event
 from pulsar.proto.tree.routing import Tree, TreeRouter
+from pulsar.proto.versions.adoption import Adoption, AdoptionOut
 from pulsar.proto.versions.lineage import TopicVersions
 
 from . import events as ev
@@ -37,14 +37,12 @@ class CoreParts(ABC):
     _trees: dict[CID, Tree]
     _lookup: Callable[[CID], bytes | None]
     versions: TopicVersions
+    adoption: Adoption
     lazy: Plumtree
     backfill: Backfill
     frags: Fragments
     metrics: dict[str, int]
     _stores: OwnStores
-    _parked: dict[CID, list[tuple[PeerId | None, Event]]]
-    _parked_count: int
-    _version_fetches: set[CID]
     _parent_checks: dict[CID, list[tuple[ev.Publish, CID]]]
     _syncing: set[CID]
     _version_waiters: dict[CID, set[CID]]
@@ -94,14 +92,7 @@ class CoreParts(ABC):
     def _arm_record(self, tree: Tree, delay: float, now: float) -> Out: ...
 
     @abstractmethod
-    def _quorum_reason(self, acks: int, what: str) -> str: ...
-
-    @abstractmethod
     def _large_blocks(self, event: EventDescriptor) -> list[tuple[CID, bytes]] | None: ...
 
-    # -- adoption.py
     @abstractmethod
-    def _fetch_version(self, cid: CID, now: float) -> Out: ...
-
-    @abstractmethod
-    def _add_version(self, topic: TopicDescriptor, now: float) -> Out: ...
+    def _adopt(self, items: AdoptionOut, now: float) -> Out: ...

@@ -35,7 +35,7 @@ from pulsar.proto.tree.routing import Tree
 from . import events as ev
 from .events import Out
 from .parts import CoreParts
-from .stores import Stored
+from .stores import Stored, quorum_reason
 from .timers import RecordTimer, RequestTimeout
 
 __all__ = ["Publishing"]
@@ -189,7 +189,7 @@ class Publishing(CoreParts):
             if self.versions.get(record.version) is None:
                 tree.sync_waiting.add(record.version)
                 self._version_waiters.setdefault(record.version, set()).add(tree.topic.cid)
-                out += self._fetch_version(record.version, now)
+                out += self._adopt(self.adoption.fetch(record.version), now)
             heads += record.heads
             if newest is None or record.created > newest.created:
                 newest = record
@@ -220,6 +220,17 @@ class Publishing(CoreParts):
         heads, tree.sync_heads = tree.sync_heads, {}
         return self.backfill.learn_heads(tree.topic.cid, heads, None, now)
 
+    def _version_resolved(self, cid: CID, now: float) -> Out:
+        """A version trees waited for before publishing was registered or given up on."""
+        out: Out = []
+        for topic in self._version_waiters.pop(cid, ()):
+            tree = self._trees.get(topic)
+            if tree is not None and cid in tree.sync_waiting:
+                tree.sync_waiting.discard(cid)
+                out += self._learn_record_heads(tree, now)
+                out += self._maybe_synced(tree, now)
+        return out
+
     def _maybe_synced(self, tree: Tree, now: float) -> Out:
         """Synced once the records were read, the versions they name fetched, and the
         tree is attached (our parent's JOINED carries its current heads, fresher than any
@@ -239,6 +250,26 @@ class Publishing(CoreParts):
             else:
                 out += self._on_request(item[0], item[1], now)
         return out
+
+    def _announce(self, request: int, version: TopicDescriptor, now: float) -> Out:
+        """A new version of ours is persisted and adopted: name it in our heads record at
+        once and announce it on the meta topic; the update is ready once announced."""
+        assert version.parent is not None
+        out: Out = []
+        first = self.versions.first_of(version.cid)
+        tree = None if first is None else self._trees.get(first)
+        meta_tree = None if version.meta is None else self._trees.get(version.meta)
+        if tree is not None:
+            out += self._arm_record(tree, 0.0, now)
+        ready = ev.TopicReady(request, version)
+        if meta_tree is None:
+            out.append(ready)
+            return out
+        announcement = EventDescriptor.create(
+            self.identity, meta_tree.topic.cid, version.cid.raw,
+            parent=self._parent_for(meta_tree), now=now,
+        )
+        return out + self._publish(meta_tree, announcement, None, then=ready)
 
     def _publish(
         self,
@@ -272,7 +303,7 @@ class Publishing(CoreParts):
             tree.seen.pop(item.event.cid, None)
             if tree.last_seen == item.event.cid:
                 tree.last_seen = self._stores.last_persisted(item.event.parent)
-        reason = self._quorum_reason(acks, "event")
+        reason = quorum_reason(acks, self.config.min_acks, "event")
         out: Out = []
         if item.request is not None:
             out.append(ev.CommandFailed(item.request, reason, kind="unpersisted"))
@@ -280,12 +311,6 @@ class Publishing(CoreParts):
             out.append(ev.CommandFailed(item.then.request, f"announcement: {reason}",
                                         kind="unpersisted"))
         return out
-
-    def _quorum_reason(self, acks: int, what: str) -> str:
-        return (
-            f"{what} stored on {acks} DHT node(s), fewer than the {self.config.min_acks} "
-            "required (min_acks); not published — is the node connected to its network?"
-        )
 
     def _forward_published(self, pending: Stored, now: float) -> Out:
         """Our own event is in the DHT: deliver it here and send it down the tree."""
@@ -358,7 +383,7 @@ class Publishing(CoreParts):
                 return out + self._arm_record(tree, backoff, now)
             tree.record_failures = 0
             self.metrics["record_quorum_failed"] += 1
-            reason = self._quorum_reason(stored.acks, "heads record").replace(
+            reason = quorum_reason(stored.acks, self.config.min_acks, "heads record").replace(
                 "not published", "the event may still be delivered, but this publish is "
                 "not acknowledged")
             out += [ev.CommandFailed(w.request, reason, kind="unrecorded") for w in waiters]

@@ -29,10 +29,10 @@ from typing import Final, Protocol
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
 from dag.descriptors import parse_timestamp
+from dag.event_links import event_links
 from dag.history import causal_order
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
-from pulsar.proto.repair.backfill import event_links
 from pulsar.proto.versions.lineage import MAX_VERSION_CHAIN, TopicVersions
 
 __all__ = ["CONCURRENCY", "MAX_REPLAY_EVENTS", "ReplayError", "ReplayIncomplete",

@@ -23,7 +23,7 @@ from typing import Final
 
 from dag import CID, BlockStore, Retention
 from dag.descriptors import parse_timestamp
-from pulsar.proto.repair.backfill import event_links
+from dag.event_links import event_links
 
 from .node_state import NodeState
 

@@ -13,12 +13,10 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from dag import CID, EventDescriptor, PeerId
-from dag.codec import decode_fast
-from dag.descriptors import MAX_MERGES
-from dag.errors import CodecError
+from dag.event_links import EventLinks, event_links
 from pulsar.proto.events import Out
 from pulsar.proto.tree.rtt import RttTable
 
@@ -304,39 +302,6 @@ def bounded_put(memo: OrderedDict[CID, Any], key: CID, value: Any, limit: int) -
     memo[key] = value
     if len(memo) > limit:
         memo.popitem(last=False)
-
-
-class EventLinks(NamedTuple):
-    """What a walk over event blocks needs of one, read without checking signatures."""
-
-    parent: CID | None
-    created: str
-    merges: tuple[CID, ...]
-
-
-def event_links(block: bytes) -> EventLinks | None:
-    """The links and creation time of an event block, read without checking signatures:
-    enough to walk a chain when answering a WANT or replaying (whoever uses the events
-    verifies everything). None when the block is not shaped like an event."""
-    try:
-        wire = decode_fast(block)
-        if not isinstance(wire, dict) or "publisher" not in wire or "payload" not in wire:
-            return None
-        created = wire["metadata"]["created"]
-        raw = wire["parent"]
-        if not isinstance(created, str):
-            return None
-        if raw is not None and not isinstance(raw, bytes):
-            return None
-        merges: tuple[CID, ...] = ()
-        listed = wire.get("merges")
-        if listed is not None:
-            if not isinstance(listed, list) or len(listed) > MAX_MERGES:
-                return None
-            merges = tuple(CID(item) for item in listed if isinstance(item, bytes))
-        return EventLinks(None if raw is None else CID(raw), created, merges)
-    except (CodecError, KeyError, TypeError, ValueError):
-        return None
 
 
 class BackfillParts(ABC):
