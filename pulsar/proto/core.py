@@ -49,6 +49,7 @@ from dag import (
 from pulsar.proto.batch.messages import Batch
 from pulsar.proto.batch.packing import coalesce
 from pulsar.proto.flood.messages import Subs
+from pulsar.proto.fragments.chunks import large_blocks
 from pulsar.proto.fragments.layer import Fragments
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
@@ -65,7 +66,7 @@ from pulsar.proto.membership.messages import (
     ViewShuffleReply,
 )
 from pulsar.proto.membership.overlay import Membership, MembershipConfig
-from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Unvouched, event_links
+from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Unvouched
 from pulsar.proto.repair.messages import MAX_HEADS, Blocks, Heads, HeadsDigest, Joined, Want
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 from pulsar.proto.tree.routing import Routing, Tree, TreeRouter, TreeView
@@ -91,8 +92,7 @@ from pulsar.proto.versions.commands import (
 from . import events as ev
 from .config import LONE_NODE, CoreConfig
 from .events import Out
-from .publishing import Publishing
-from .stores import OwnStores
+from .publishing import Forward, Publisher, PublishItem, WantVersion
 from .timers import (
     DispatchTimer,
     FragmentStall,
@@ -129,7 +129,7 @@ _NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune, Disconnect})
 """Messages that do not make a peer one we depend on (answers and good-byes)."""
 
 
-class PulsarCore(Publishing):
+class PulsarCore:
     """All of a node's protocol state; feed it with :meth:`handle`."""
 
     def __init__(
@@ -185,25 +185,20 @@ class PulsarCore(Publishing):
         self.frags = Fragments(self.config.fragments)
         """Large events along the tree: fragments received, relayed and paced."""
         self.backfill.coming = self.frags.receiving
-        self._stores = OwnStores()
-        self._parent_checks: dict[CID, list[tuple[ev.Publish, CID]]] = {}
-        """CUSTOM parents being fetched to verify before publishing, with what waits."""
+        self.publisher = Publisher(
+            identity, self.config, self._trees, self.adoption, self.backfill, self._lookup
+        )
+        """Publishing on every tree: rights, linking, the write quorum, heads records."""
         self._meta_wanted: set[CID] = set()
         """Meta topics to join once their descriptor is fetched."""
-        self._syncing: set[CID] = set()
-        self._version_waiters: dict[CID, set[CID]] = {}
-        """Trees whose sync waits only for their JOIN to be answered (or to act as root)."""
         self.metrics: dict[str, int] = {
             "events_received": 0,
             "duplicates": 0,
             "forwarded": 0,
             "rejected": 0,
-            "published": 0,
             "max_hop": 0,
             "repair_pushed": 0,
-            "records_written": 0,
             "store_quorum_failed": 0,
-            "record_quorum_failed": 0,
             "stale_edges": 0,
             "relays_bypassed": 0,
         }
@@ -223,9 +218,9 @@ class PulsarCore(Publishing):
                 if self.commands.is_job(event.cid):
                     out = self._command(self.commands.stored(event), now)
                 else:
-                    out = self._on_dht_stored(event, now)
+                    out = self._pub(self.publisher.on_dht_stored(event, now), now)
             case ev.RecordStored():
-                out = self._on_record_stored(event, now)
+                out = self._pub(self.publisher.on_record_stored(event, now), now)
             case ev.RecordsFetched():
                 if self.commands.waits_for_records(event.request):
                     tree = self._trees.get(event.topic)
@@ -233,13 +228,13 @@ class PulsarCore(Publishing):
                         event, tree is not None, self.backfill.heads(event.topic),
                         None if tree is None else tree.last_seen, now), now)
                 else:
-                    out = self._on_records(event, now)
+                    out = self._pub(self.publisher.on_records(event, now), now)
             case ev.Subscribe():
                 out = self._on_subscribe(event, now)
             case ev.Unsubscribe():
                 out = self._on_unsubscribe(event, now)
             case ev.Publish():
-                out = self._on_publish(event, now)
+                out = self._pub(self.publisher.on_publish(event, now), now)
             case ev.CreateTopic():
                 out = self._command(self.commands.create(event, now), now)
             case ev.UpdateTopic():
@@ -248,7 +243,7 @@ class PulsarCore(Publishing):
                     event, tree is not None, self.backfill.heads(event.topic),
                     None if tree is None else tree.last_seen, now), now)
             case ev.Flush():
-                out = self._flush_records(now)
+                out = self._pub(self.publisher.flush_records(now), now)
             case ev.Start():
                 out = self.members.start(now)
             case ev.HistoryCut():
@@ -283,7 +278,7 @@ class PulsarCore(Publishing):
     def last_seen(self, topic: CID) -> CID | None:
         """What this node's next LAST_SEEN event would link as parent."""
         t = self._trees.get(topic)
-        return None if t is None else self._parent_for(t)
+        return None if t is None else self.publisher.parent_for(t)
 
     def counters(self) -> dict[str, int]:
         """The counters of the tree core and its repair layers, in one dict. The layers'
@@ -293,8 +288,10 @@ class PulsarCore(Publishing):
         ``rejected`` and ``delivered`` are the ordering layer's (what reached
         applications)."""
         own = {k: v for k, v in self.metrics.items() if k not in _SHARED_NAMES}
+        publishing = dict(self.publisher.metrics)
+        publishing["store_quorum_failed"] += own.pop("store_quorum_failed")
         return {
-            **own, "tree_duplicates": self.metrics["duplicates"],
+            **own, **publishing, "tree_duplicates": self.metrics["duplicates"],
             "inputs_rejected": self.metrics["rejected"],
             **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics,
             **self.members.metrics,
@@ -351,7 +348,7 @@ class PulsarCore(Publishing):
             tree = self._trees.get(topic)
             if tree is None:
                 continue
-            self._remember(tree, event.cid)
+            tree.remember(event.cid, self.config.seen_limit)
             if event.created_at < now - self.backfill.config.horizon_slack:
                 continue  # history: children that want it backfill it themselves
             message = Event(topic, event.block, 1)
@@ -360,13 +357,7 @@ class PulsarCore(Publishing):
                     continue
                 out.append(ev.Send(peer, message))
                 self.metrics["repair_pushed"] += 1
-        extra: Out = []
-        for cid in list(self._syncing):
-            tree = self._trees.get(cid)
-            if tree is None:
-                self._syncing.discard(cid)
-            else:
-                extra += self._maybe_synced(tree, now)
+        extra: Out = self._pub(self.publisher.settle(now), now)
         for item in out:
             if type(item) is not ev.Deliver:
                 continue
@@ -380,7 +371,8 @@ class PulsarCore(Publishing):
                 # A publisher our record does not name yet: readers find its own record
                 # (fresh after each of its publishes) through ours. Heads alone changing
                 # needs no rewrite of ours — that was two record writes per event.
-                extra += self._arm_record(tree, self.config.author_record_interval, now)
+                extra += self._pub(
+                    self.publisher.arm_record(tree, self.config.author_record_interval, now), now)
         out += extra
         out += self._interests(now)
         out += self.backfill.arm_tick()
@@ -473,7 +465,7 @@ class PulsarCore(Publishing):
                             # never come through it.
                             out += self.backfill.learn_heads(item.first, version.heads, None, now)
                 case Resolved():
-                    out += self._version_resolved(item.version, now)
+                    out += self._pub(self.publisher.version_resolved(item.version, now), now)
                 case Refused():
                     out += self._reject(item.peer, item.reason)
                 case Rejudge():
@@ -496,12 +488,49 @@ class PulsarCore(Publishing):
                     out.append(ev.TopicReady(item.request, item.topic))
                 case VersionStored():
                     out += self._adopt(self.adoption.add(item.version), now)
-                    out += self._announce(item.request, item.version, now)
+                    out += self._pub(self.publisher.announce(item.request, item.version, now), now)
                 case Unpersisted():
                     self.metrics["store_quorum_failed"] += 1
                     out.append(item.failure)
                 case _:
                     out.append(item)
+        return out
+
+    def _pub(self, items: list[PublishItem], now: float) -> Out:
+        """Carry out what the publishing room reports, each item where it stands."""
+        out: Out = []
+        for item in items:
+            match item:
+                case Forward():
+                    out += self._forward(item.topic, item.event, now)
+                case WantVersion():
+                    out += self._adopt(self.adoption.fetch(item.version), now)
+                case Refused():
+                    out += self._reject(item.peer, item.reason)
+                case _:
+                    out.append(item)
+        return out
+
+    def _forward(self, topic: CID, event: EventDescriptor, now: float) -> Out:
+        """Our own event is in the DHT: deliver it here and send it down the tree."""
+        tree = self._trees[topic]
+        out = self.backfill.accepted(topic, event, 0, None, now)
+        out += self.publisher.match_request(tree, event)
+        eager = self._eager(tree)
+        blocks = large_blocks(self.config.fragments, event, self._lookup)
+        if blocks is not None and eager:
+            # A large event: the fragment layer sends the EVENT, then its chunk tree, to
+            # each eager link in staggered groups, paced (pulsar.proto.fragments.layer).
+            head = Event(topic, event.block, 1, True)
+            out += self.frags.publish(topic, head, blocks, eager, now)
+            self.metrics["forwarded"] += len(eager)
+        else:
+            message = Event(topic, event.block, 1)
+            for peer in eager:
+                out.append(ev.Send(peer, message))
+                self.metrics["forwarded"] += 1
+        out += self.lazy.accepted(topic, event.cid, 0, None, now)
+        self._cover(tree, event.cid, eager, None)
         return out
 
     def _backfill_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
@@ -557,10 +586,11 @@ class PulsarCore(Publishing):
             # HEADS tells the neighbours, and go into a fresh heads record.
             out += self.backfill.learn_heads(topic.cid, cmd.unannounced, None, now)
             if not topic.is_meta:
-                out += self._arm_record(tree, self.config.record_delay, now)
+                armed = self.publisher.arm_record(tree, self.config.record_delay, now)
+                out += self._pub(armed, now)
         known = cmd.heads + cmd.unannounced
         if known and tree.last_seen is None:
-            tree.last_seen = self._newest(known)
+            tree.last_seen = self.publisher.newest(known)
         if topic.author == self.me or topic.is_meta:
             tree.synced = True  # the author is where versions come from
         elif cmd.deliver and (cmd.since == 0.0 or not cmd.heads):
@@ -568,7 +598,7 @@ class PulsarCore(Publishing):
             # and (replaying) heads to backfill even when nobody is online. A resumed one
             # already has both; what it missed comes through its neighbours and the meta
             # topic, whose whole (short) history every member follows.
-            out += self._start_sync(tree)
+            out += self._pub(self.publisher.start_sync(tree), now)
         if topic.meta is not None:
             out += self._join_meta(topic.meta, now)
         return out
@@ -636,7 +666,7 @@ class PulsarCore(Publishing):
             case Event():
                 return self._on_event(peer, message, now)
             case RequestToPublish():
-                return self._on_request(peer, message, now)
+                return self._pub(self.publisher.on_request(peer, message, now), now)
             case Ping():
                 return [ev.Send(peer, Pong(message.nonce))]
             case Pong():
@@ -785,7 +815,7 @@ class PulsarCore(Publishing):
         reason to stay in the tree: leave it, as Scribe does."""
         if tree.deliver or tree.children or tree.topic.author == self.me or tree.waiting:
             return []
-        if tree.requests or self._stores.busy(tree.topic.cid):
+        if tree.requests or self.publisher.busy(tree.topic.cid):
             return []
         if tree.record_waiters or tree.record_writing is not None:
             return []  # publishes of ours wait for this tree's heads record
@@ -819,7 +849,7 @@ class PulsarCore(Publishing):
             return self._reject(peer, f"event {cid}: {exc}")
         if self.versions.get(event.topic) is None:
             return self._adopt(self.adoption.park(event.topic, peer, msg), now)
-        problem = self._judge(tree, event)
+        problem = self.adoption.judge(tree.topic, event)
         if problem is not None:
             return self._reject(peer, problem)
         if peer is not None:
@@ -849,31 +879,13 @@ class PulsarCore(Publishing):
         self.metrics["stale_edges"] += 1
         return [ev.Send(peer, Leave(tree.topic.cid))]
 
-    def _judge(self, tree: Tree, event: EventDescriptor) -> str | None:
-        """Why ``event`` may not enter ``tree`` (None: it may). The meta topic takes
-        events from its author only; every other topic follows the rights rule."""
-        if tree.topic.is_meta:
-            if self.versions.first_of(event.topic) != tree.topic.cid:
-                return f"event {event.cid} belongs to another topic"
-            if event.publisher != tree.topic.author or event.author != tree.topic.author:
-                return f"event {event.cid}: only the author publishes on a meta topic"
-            return None
-        first = tree.topic.cid
-        problem = self.versions.admit(first, event)
-        if problem is None and self.versions.is_sanctioned(first, event.cid):
-            # Its parent and merges are vouched for now; if this node holds them already
-            # (admitted on their publishers' rights), the vouching must go on below them.
-            self.adoption.vouch_below(
-                first, [c for c in (event.parent, *event.merges) if c is not None])
-        return problem
-
     def _accept(
         self, tree: Tree, event: EventDescriptor, hop: int, sender: PeerId | None, now: float,
         *, fragments: bool = False, also: tuple[PeerId, ...] = (),
     ) -> Out:
-        self._remember(tree, event.cid)
+        tree.remember(event.cid, self.config.seen_limit)
         tree.last_seen = event.cid
-        self._saw_publisher(tree, event.publisher)
+        self.publisher.saw_publisher(tree, event.publisher)
         out: Out = [ev.StoreLocal(event.cid, event.block)]
         if tree.deliver and hop > self.metrics["max_hop"]:
             self.metrics["max_hop"] = hop
@@ -883,7 +895,7 @@ class PulsarCore(Publishing):
         ):
             return out + self._accept_large(tree, event, hop, sender, now, also)
         out += self.backfill.accepted(tree.topic.cid, event, hop, sender, now)
-        self._match_request(tree, event, out)
+        out += self.publisher.match_request(tree, event)
         if sender is not None and sender not in tree.parents and sender not in tree.children:
             self._stray(tree, event.cid, sender)
         forward = Event(tree.topic.cid, event.block, hop + 1)
@@ -906,7 +918,7 @@ class PulsarCore(Publishing):
         delivered once its payload is complete (``_large_completed``)."""
         topic = tree.topic.cid
         out: Out = []
-        self._match_request(tree, event, out)
+        out += self.publisher.match_request(tree, event)
         eager = self._eager(tree)
         targets = [p for p in eager if p != sender]
         tell = sorted((set(eager) | self.lazy.lazy(topic)) - {sender}, key=bytes)
@@ -930,7 +942,7 @@ class PulsarCore(Publishing):
             event = EventDescriptor.from_block(msg.block, cid)
         except InvalidDescriptor:
             return []
-        blocks = self._large_blocks(event)
+        blocks = large_blocks(self.config.fragments, event, self._lookup)
         if blocks is not None:
             head = Event(msg.topic, msg.block, msg.hop, True)
             self.frags.publish(tree.topic.cid, head, blocks, peers, now, fresh=set())
@@ -949,7 +961,8 @@ class PulsarCore(Publishing):
                     event = EventDescriptor.from_block(message.block)
                 except InvalidDescriptor:
                     event = None
-                blocks = None if event is None else self._large_blocks(event)
+                blocks = (None if event is None
+                          else large_blocks(self.config.fragments, event, self._lookup))
                 if blocks is not None:
                     head = Event(message.topic, message.block, message.hop, True)
                     self.frags.add_target(message.topic, head, blocks, item.peer, now)
@@ -995,16 +1008,12 @@ class PulsarCore(Publishing):
             case RetryParent() | JoinTimeout() | RootCheck():
                 return self.router.on_timer(timer, now)
             case RequestTimeout():
+                return self._pub(self.publisher.on_request_timeout(timer), now)
+            case RecordTimer():
                 tree = self._trees.get(timer.topic)
                 if tree is None:
                     return []
-                request = tree.requests.pop(timer.signature, None)
-                if request is None:
-                    return []
-                return [ev.CommandFailed(request, "no event came back for the request to publish")]
-            case RecordTimer():
-                tree = self._trees.get(timer.topic)
-                return [] if tree is None else self._write_record(tree, timer, now)
+                return self._pub(self.publisher.write_record(tree, timer, now), now)
             case FragmentTick():
                 return self.frags.on_tick(now)
             case FragmentStall():
@@ -1027,8 +1036,8 @@ class PulsarCore(Publishing):
             block = None
         if self.adoption.fetching(cid):
             out += self._adopt(self.adoption.fetched(cid, block), now)
-        if cid in self._parent_checks:
-            out += self._parent_fetched(cid, block, now)
+        if self.publisher.checking_parent(cid):
+            out += self._pub(self.publisher.parent_fetched(cid, block, now), now)
         if cid in self._meta_wanted:
             self._meta_wanted.discard(cid)
             if block is None:
@@ -1053,39 +1062,15 @@ class PulsarCore(Publishing):
         """The backfill layer's check of a fetched block: everything ``_on_event`` checks.
         An event refused only because nothing vouches for it yet is :data:`UNVOUCHED`:
         the walk from a recorded head may still reach it."""
-        try:
-            event = EventDescriptor.from_block(block)
-        except InvalidDescriptor:
-            return None
         tree = self._trees.get(topic)
-        if tree is None or self.versions.get(event.topic) is None:
+        if tree is None:
             return None
-        if self._judge(tree, event) is not None:
-            if not tree.topic.is_meta and self.versions.needs_vouching(topic, event):
-                return UNVOUCHED
-            return None
-        self._saw_publisher(tree, event.publisher)
-        return event
-
-    def _parent_for(self, tree: Tree) -> CID | None:
-        """LAST_SEEN: the newest event this node knows of the topic — what it accepted or
-        published last, else the newest head its durable store or a neighbour named."""
-        if tree.last_seen is not None:
-            return tree.last_seen
-        heads = self.backfill.heads(tree.topic.cid)
-        if heads:
-            return self._newest(heads)
-        return tree.hint
-
-    def _newest(self, cids: tuple[CID, ...] | list[CID]) -> CID:
-        """The CID among ``cids`` whose block (if held) was created last."""
-
-        def key(cid: CID) -> tuple[str, bytes]:
-            block = self._lookup(cid)
-            links = None if block is None else event_links(block)
-            return ("" if links is None else links.created, cid.raw)
-
-        return max(cids, key=key)
+        verdict = self.adoption.verify(tree.topic, block)
+        if verdict == "unvouched":
+            return UNVOUCHED
+        if verdict is not None:
+            self.publisher.saw_publisher(tree, verdict.publisher)
+        return verdict
 
     def _stray(self, tree: Tree, cid: CID, sender: PeerId) -> None:
         """Note an event whose first copy came over no tree edge, unless over a grafted
@@ -1111,11 +1096,6 @@ class PulsarCore(Publishing):
             return []
         del counts[stray]
         return self._stale_edge(tree, stray, now)
-
-    def _remember(self, tree: Tree, cid: CID) -> None:
-        tree.seen[cid] = None
-        if len(tree.seen) > self.config.seen_limit:
-            del tree.seen[next(iter(tree.seen))]
 
     def _reject(self, peer: PeerId | None, reason: str) -> Out:
         self.metrics["rejected"] += 1

@@ -8,7 +8,7 @@
   they name, and waits for its JOIN to be answered, before it publishes or turns a request
   into an event: so it publishes under the latest rules and links to the latest events.
   Publishes wait (bounded) meanwhile.
-* **Linking.** LAST_SEEN links the newest event known here (``_parent_for`` in the core)
+* **Linking.** LAST_SEEN links the newest event known here (:meth:`Publisher.parent_for`)
   as parent and up to eight other heads as merges (``_merges_for``), so forks join again;
   a CUSTOM parent must be an event of the topic, verified locally or fetched first.
 * **Persisted before forwarded** (:mod:`pulsar.proto.stores`): an event goes down the tree
@@ -19,32 +19,112 @@
   the write quorum *and* a heads record naming it (or a later event of ours) is too: a
   reader of the topic's CID finds it even if this node never runs again. One record
   write is in flight per tree; publishes meanwhile share the next (group commit).
+
+:class:`Publisher` owns what publishing keeps between steps (our events on their way
+into the DHT, CUSTOM parents being checked, trees waiting to be synced) and the
+publishing fields of each :class:`~pulsar.proto.tree.routing.Tree`. It never calls the
+core: an event of ours that is persisted comes back as :class:`Forward` (the core
+delivers it here and sends it down the tree), a version a heads record names as
+:class:`WantVersion`, a refused input as
+:class:`~pulsar.proto.versions.adoption.Refused`, each among its outputs where it
+happens (:data:`PublishItem`).
 """
+
 
 from __future__ import annotations
 
-from dag import CID, EventDescriptor, EventLinking, InvalidDescriptor, PeerId, TopicDescriptor
-from dag.chunks import local_blocks, parse_node
-from dag.cid import DAG_CBOR
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dag import (
+    CID,
+    EventDescriptor,
+    EventLinking,
+    Identity,
+    InvalidDescriptor,
+    PeerId,
+    TopicDescriptor,
+)
 from dag.descriptors import MAX_MERGES
-from dag.errors import ChunkError
+from dag.event_links import event_links
 from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
-from pulsar.proto.tree.messages import Event, RequestToPublish
+from pulsar.proto.repair.backfill import Backfill
+from pulsar.proto.tree.messages import RequestToPublish
 from pulsar.proto.tree.routing import Tree
+from pulsar.proto.versions.adoption import Adoption, Refused
 
 from . import events as ev
-from .events import Out
-from .parts import CoreParts
-from .stores import Stored, quorum_reason
+from .config import CoreConfig
+from .events import OutEvent
+from .stores import OwnStores, Stored, quorum_reason
 from .timers import RecordTimer, RequestTimeout
 
-__all__ = ["Publishing"]
+__all__ = ["Forward", "PublishItem", "Publisher", "WantVersion"]
 
 
-class Publishing(CoreParts):
-    """The publishing part of the core (see the module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Our event ``event`` of the tree ``topic`` is persisted: deliver it here and send
+    it down the tree."""
 
-    def _on_publish(self, cmd: ev.Publish, now: float) -> Out:
+    topic: CID
+    event: EventDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class WantVersion:
+    """A heads record names a topic version not known here: fetch it."""
+
+    version: CID
+
+
+PublishItem = OutEvent | Forward | WantVersion | Refused
+Out = list[PublishItem]
+
+
+class Publisher:
+    """Publishing on every tree of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: CoreConfig,
+        trees: dict[CID, Tree],
+        adoption: Adoption,
+        backfill: Backfill,
+        lookup: Callable[[CID], bytes | None],
+    ) -> None:
+        self.identity = identity
+        self.me = identity.peer_id
+        self.config = config
+        self._trees = trees
+        self._adoption = adoption
+        self.versions = adoption.versions
+        self.backfill = backfill
+        self._lookup = lookup
+        self.stores = OwnStores()
+        self._parent_checks: dict[CID, list[tuple[ev.Publish, CID]]] = {}
+        """CUSTOM parents being fetched to verify before publishing, with what waits."""
+        self._syncing: set[CID] = set()
+        """Trees whose sync waits only for their JOIN to be answered (or to act as root)."""
+        self._version_waiters: dict[CID, set[CID]] = {}
+        """Topic version -> the trees whose publishing waits for it (an index, so adopting a
+        version costs the trees that wait, not every tree the node knows)."""
+        self.metrics: dict[str, int] = {
+            "published": 0,
+            "records_written": 0,
+            "store_quorum_failed": 0,
+            "record_quorum_failed": 0,
+        }
+
+    def checking_parent(self, cid: CID) -> bool:
+        return cid in self._parent_checks
+
+    def busy(self, topic: CID) -> bool:
+        """Whether an event of ours on ``topic`` is still on its way (stay in the tree)."""
+        return self.stores.busy(topic)
+
+    def on_publish(self, cmd: ev.Publish, now: float) -> Out:
         tree = self._trees.get(cmd.topic)
         if tree is None:
             return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
@@ -73,7 +153,7 @@ class Publishing(CoreParts):
         self, tree: Tree, topic: TopicDescriptor, cmd: ev.Publish, now: float
     ) -> Out:
         last_seen = topic.event_linking is EventLinking.LAST_SEEN
-        parent = self._parent_for(tree) if last_seen else cmd.parent
+        parent = self.parent_for(tree) if last_seen else cmd.parent
         if topic.may_publish(self.me):
             event = EventDescriptor.create(
                 self.identity, topic.cid, cmd.payload, parent=parent,
@@ -104,7 +184,7 @@ class Publishing(CoreParts):
         :data:`MAX_MERGES`), linked beside ``parent`` so that concurrent publishers' forks
         join again and every event stays reachable from the latest heads. Leaves out the
         head our own events still being stored descend from (``parent`` reaches it)."""
-        below = self._stores.last_persisted(parent)
+        below = self.stores.last_persisted(parent)
         merges: list[CID] = []
         for head in reversed(self.backfill.heads(tree.topic.cid)):
             if head != parent and head != below:
@@ -121,9 +201,18 @@ class Publishing(CoreParts):
         block = self._lookup(parent)
         if block is None:
             return "fetch"
-        if not isinstance(self._verify_backfilled(tree.topic.cid, block), EventDescriptor):
+        if not self._verified(tree, block):
             return f"parent {parent} is not a valid event of this topic"
         return None
+
+    def _verified(self, tree: Tree, block: bytes) -> bool:
+        """Whether ``block`` is an event the tree would take now (see
+        :meth:`~pulsar.proto.versions.adoption.Adoption.verify`)."""
+        event = self._adoption.verify(tree.topic, block)
+        if not isinstance(event, EventDescriptor):
+            return False
+        self.saw_publisher(tree, event.publisher)
+        return True
 
     def _fetch_parent(self, cmd: ev.Publish, topic: CID) -> Out:
         waiting = self._parent_checks.get(cmd.parent)  # type: ignore[arg-type]
@@ -136,7 +225,7 @@ class Publishing(CoreParts):
         self._parent_checks[cmd.parent] = [(cmd, topic)]
         return [ev.Fetch(cmd.parent)]
 
-    def _parent_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+    def parent_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
         out: Out = []
         for cmd, topic in self._parent_checks.pop(cid, []):
             tree = self._trees.get(topic)
@@ -145,7 +234,7 @@ class Publishing(CoreParts):
                 out.append(ev.CommandFailed(cmd.request, "left the topic before publishing"))
             elif block is None:
                 out.append(ev.CommandFailed(cmd.request, f"parent {cid} not found"))
-            elif not isinstance(self._verify_backfilled(topic, block), EventDescriptor):
+            elif not self._verified(tree, block):
                 reason = f"parent {cid} is not a valid event of this topic"
                 out.append(ev.CommandFailed(cmd.request, reason))
             else:
@@ -157,11 +246,11 @@ class Publishing(CoreParts):
         if len(tree.waiting) >= self.config.waiting_publishes:
             if isinstance(item, ev.Publish):
                 return [ev.CommandFailed(item.request, "too many publishes waiting for the topic")]
-            return self._reject(item[0], "too many requests to publish waiting")
+            return [Refused(item[0], "too many requests to publish waiting")]
         tree.waiting.append(item)
-        return self._start_sync(tree)
+        return self.start_sync(tree)
 
-    def _start_sync(self, tree: Tree) -> Out:
+    def start_sync(self, tree: Tree) -> Out:
         """Look up the topic's heads records before publishing, so the node judges and
         publishes under the latest version and links to the latest events."""
         if tree.synced or tree.sync_round > 0:
@@ -175,7 +264,7 @@ class Publishing(CoreParts):
         tree.sync_asked.update(chosen)
         return [ev.FetchRecords(tree.topic.cid, chosen)]
 
-    def _on_records(self, msg: ev.RecordsFetched, now: float) -> Out:
+    def on_records(self, msg: ev.RecordsFetched, now: float) -> Out:
         tree = self._trees.get(msg.topic)
         if tree is None or tree.synced:
             return []
@@ -189,14 +278,14 @@ class Publishing(CoreParts):
             if self.versions.get(record.version) is None:
                 tree.sync_waiting.add(record.version)
                 self._version_waiters.setdefault(record.version, set()).add(tree.topic.cid)
-                out += self._adopt(self.adoption.fetch(record.version), now)
+                out.append(WantVersion(record.version))
             heads += record.heads
             if newest is None or record.created > newest.created:
                 newest = record
             found += [p for p in record.peers if p not in tree.sync_asked and p != self.me]
         if tree.deliver:
             tree.sync_heads.update(dict.fromkeys(heads))
-        out += self._learn_record_heads(tree, now)
+        out += self.learn_record_heads(tree, now)
         if newest is not None and newest.heads and tree.hint is None:
             tree.hint = newest.heads[-1]
         more = tuple(dict.fromkeys(found))[: self.config.sync_publishers]
@@ -206,9 +295,9 @@ class Publishing(CoreParts):
             out.append(ev.FetchRecords(tree.topic.cid, more))
             return out
         tree.records_done = True
-        return out + self._maybe_synced(tree, now)
+        return out + self.maybe_synced(tree, now)
 
-    def _learn_record_heads(self, tree: Tree, now: float) -> Out:
+    def learn_record_heads(self, tree: Tree, now: float) -> Out:
         """Backfill the heads the records named, once the versions they name are known
         (fetched, or given up on). Events are judged by the latest version known when
         they arrive: walking back from the heads before that would refuse, for good, an
@@ -218,20 +307,20 @@ class Publishing(CoreParts):
         if tree.sync_waiting or not tree.sync_heads:
             return []
         heads, tree.sync_heads = tree.sync_heads, {}
-        return self.backfill.learn_heads(tree.topic.cid, heads, None, now)
+        return [*self.backfill.learn_heads(tree.topic.cid, heads, None, now)]
 
-    def _version_resolved(self, cid: CID, now: float) -> Out:
+    def version_resolved(self, cid: CID, now: float) -> Out:
         """A version trees waited for before publishing was registered or given up on."""
         out: Out = []
         for topic in self._version_waiters.pop(cid, ()):
             tree = self._trees.get(topic)
             if tree is not None and cid in tree.sync_waiting:
                 tree.sync_waiting.discard(cid)
-                out += self._learn_record_heads(tree, now)
-                out += self._maybe_synced(tree, now)
+                out += self.learn_record_heads(tree, now)
+                out += self.maybe_synced(tree, now)
         return out
 
-    def _maybe_synced(self, tree: Tree, now: float) -> Out:
+    def maybe_synced(self, tree: Tree, now: float) -> Out:
         """Synced once the records were read, the versions they name fetched, and the
         tree is attached (our parent's JOINED carries its current heads, fresher than any
         record) or we act as its root."""
@@ -246,12 +335,12 @@ class Publishing(CoreParts):
         waiting, tree.waiting = tree.waiting, []
         for item in waiting:
             if isinstance(item, ev.Publish):
-                out += self._on_publish(item, now)
+                out += self.on_publish(item, now)
             else:
-                out += self._on_request(item[0], item[1], now)
+                out += self.on_request(item[0], item[1], now)
         return out
 
-    def _announce(self, request: int, version: TopicDescriptor, now: float) -> Out:
+    def announce(self, request: int, version: TopicDescriptor, now: float) -> Out:
         """A new version of ours is persisted and adopted: name it in our heads record at
         once and announce it on the meta topic; the update is ready once announced."""
         assert version.parent is not None
@@ -260,14 +349,14 @@ class Publishing(CoreParts):
         tree = None if first is None else self._trees.get(first)
         meta_tree = None if version.meta is None else self._trees.get(version.meta)
         if tree is not None:
-            out += self._arm_record(tree, 0.0, now)
+            out += self.arm_record(tree, 0.0, now)
         ready = ev.TopicReady(request, version)
         if meta_tree is None:
             out.append(ready)
             return out
         announcement = EventDescriptor.create(
             self.identity, meta_tree.topic.cid, version.cid.raw,
-            parent=self._parent_for(meta_tree), now=now,
+            parent=self.parent_for(meta_tree), now=now,
         )
         return out + self._publish(meta_tree, announcement, None, then=ready)
 
@@ -279,14 +368,14 @@ class Publishing(CoreParts):
         *,
         then: ev.TopicReady | None = None,
     ) -> Out:
-        self._remember(tree, event.cid)
+        tree.remember(event.cid, self.config.seen_limit)
         tree.last_seen = event.cid
-        self._stores.add(Stored(tree.topic.cid, event, request, then))
+        self.stores.add(Stored(tree.topic.cid, event, request, then))
         return [ev.StoreDht(event.cid, event.block)]
 
-    def _on_dht_stored(self, result: ev.DhtStored, now: float) -> Out:
+    def on_dht_stored(self, result: ev.DhtStored, now: float) -> Out:
         """An event of ours was stored (or not) by the DHT: forward what is ready."""
-        ready, failed = self._stores.complete(result.cid, result.acks, self.config.min_acks)
+        ready, failed = self.stores.complete(result.cid, result.acks, self.config.min_acks)
         out: Out = []
         for item in ready:
             out += self._forward_published(item, now)
@@ -302,7 +391,7 @@ class Publishing(CoreParts):
         if tree is not None:
             tree.seen.pop(item.event.cid, None)
             if tree.last_seen == item.event.cid:
-                tree.last_seen = self._stores.last_persisted(item.event.parent)
+                tree.last_seen = self.stores.last_persisted(item.event.parent)
         reason = quorum_reason(acks, self.config.min_acks, "event")
         out: Out = []
         if item.request is not None:
@@ -328,29 +417,13 @@ class Publishing(CoreParts):
             out.append(pending.then)
         if tree is None:
             return out
-        self._saw_publisher(tree, event.publisher)
-        out += self.backfill.accepted(topic_cid, event, 0, None, now)
-        self._match_request(tree, event, out)
-        eager = self._eager(tree)
-        blocks = self._large_blocks(event)
-        if blocks is not None and eager:
-            # A large event: the fragment layer sends the EVENT, then its chunk tree, to
-            # each eager link in staggered groups, paced (pulsar.proto.fragments.layer).
-            head = Event(topic_cid, event.block, 1, True)
-            out += self.frags.publish(topic_cid, head, blocks, eager, now)
-            self.metrics["forwarded"] += len(eager)
-        else:
-            message = Event(topic_cid, event.block, 1)
-            for peer in eager:
-                out.append(ev.Send(peer, message))
-                self.metrics["forwarded"] += 1
-        out += self.lazy.accepted(topic_cid, event.cid, 0, None, now)
-        self._cover(tree, event.cid, eager, None)
+        self.saw_publisher(tree, event.publisher)
+        out.append(Forward(topic_cid, event))
         if not tree.topic.is_meta:
             # A publish waiting for its acknowledgement has the record written at once
             # (one write in flight per tree: publishes meanwhile share the next one).
             delay = 0.0 if tree.record_waiters else self.config.record_delay
-            out += self._arm_record(tree, delay, now)
+            out += self.arm_record(tree, delay, now)
         out.append(ev.KeepPublished(topic_cid, event.cid))
         return out
 
@@ -360,7 +433,7 @@ class Publishing(CoreParts):
         there is nobody to store it, and meta topics carry versions, not events."""
         return self.config.min_acks > 0 and not tree.topic.is_meta
 
-    def _on_record_stored(self, stored: ev.RecordStored, now: float) -> Out:
+    def on_record_stored(self, stored: ev.RecordStored, now: float) -> Out:
         """Our heads record was stored (or not): acknowledge the publishes it names, or
         write it again; after ``record_retries`` misses in a row they fail as
         ``unrecorded`` (stored and forwarded, but a reader of the records may not find
@@ -380,7 +453,7 @@ class Publishing(CoreParts):
                 tree.record_waiters[:0] = waiters
                 backoff = self.config.record_delay * 2 ** (tree.record_failures - 1)
                 tree.record_again = False
-                return out + self._arm_record(tree, backoff, now)
+                return out + self.arm_record(tree, backoff, now)
             tree.record_failures = 0
             self.metrics["record_quorum_failed"] += 1
             reason = quorum_reason(stored.acks, self.config.min_acks, "heads record").replace(
@@ -390,30 +463,10 @@ class Publishing(CoreParts):
         if tree.record_waiters or tree.record_again:
             tree.record_again = False
             delay = 0.0 if tree.record_waiters else self.config.record_delay
-            out += self._arm_record(tree, delay, now)
+            out += self.arm_record(tree, delay, now)
         return out
 
-    def _large_blocks(self, event: EventDescriptor) -> list[tuple[CID, bytes]] | None:
-        """The chunk tree of our own event's payload, pre-order, if it is to travel the
-        tree as fragments: fragments are on, the payload is a link to a chunk tree held
-        here (the driver split and stored it) and over the threshold. None otherwise: the
-        event carries only the link and readers pull the payload from the DHT."""
-        cfg = self.config.fragments
-        root = event.payload
-        if not cfg.enabled or not isinstance(root, CID) or root.codec != DAG_CBOR:
-            return None
-        block = self._lookup(root)
-        if block is None:
-            return None
-        try:
-            size, _ = parse_node(root, block)
-        except ChunkError:
-            return None
-        if not cfg.threshold < size <= cfg.max_event_size:
-            return None
-        return local_blocks(root, self._lookup, max_blocks=cfg.max_fragments)
-
-    def _arm_record(self, tree: Tree, delay: float, now: float) -> Out:
+    def arm_record(self, tree: Tree, delay: float, now: float) -> Out:
         """Write the heads record ``delay`` from ``now``, unless one is due sooner: a
         publish gathers what follows it for ``record_delay``, and a new version is
         written at once even if a slower write was already armed."""
@@ -423,18 +476,18 @@ class Publishing(CoreParts):
         tree.record_due = due
         return [ev.SetTimer(delay, RecordTimer(tree.topic.cid, due))]
 
-    def _flush_records(self, now: float) -> Out:
+    def flush_records(self, now: float) -> Out:
         """Write every heads record armed but not written yet (the node is stopping)."""
         out: Out = []
         for tree in self._trees.values():
             if tree.record_due is not None or tree.record_again:
                 due = tree.record_due if tree.record_due is not None else now
                 tree.record_due = due
-                out += self._write_record(tree, RecordTimer(tree.topic.cid, due), now,
+                out += self.write_record(tree, RecordTimer(tree.topic.cid, due), now,
                                           force=True)
         return out
 
-    def _write_record(
+    def write_record(
         self, tree: Tree, timer: RecordTimer, now: float, *, force: bool = False
     ) -> Out:
         if timer.due != tree.record_due:
@@ -447,7 +500,7 @@ class Publishing(CoreParts):
         if latest is None:
             return []
         heads = self.backfill.heads(tree.topic.cid)
-        last = self._stores.last_persisted(tree.last_seen)
+        last = self.stores.last_persisted(tree.last_seen)
         if last is not None and last not in heads:
             heads.append(last)
         tree.record_seq = max(tree.record_seq + 1, int(now * 1000))
@@ -471,42 +524,87 @@ class Publishing(CoreParts):
         tree.record_writing = (tree.record_seq, waiters)
         return [ev.StoreRecord(record)]
 
-    def _saw_publisher(self, tree: Tree, publisher: PeerId) -> None:
+    def saw_publisher(self, tree: Tree, publisher: PeerId) -> None:
         tree.publishers[publisher] = None
         tree.publishers.move_to_end(publisher)
         if len(tree.publishers) > MAX_RECORD_PEERS + 1:
             tree.publishers.popitem(last=False)
 
-    def _match_request(self, tree: Tree, event: EventDescriptor, out: Out) -> None:
+    def match_request(self, tree: Tree, event: EventDescriptor) -> list[OutEvent]:
+        """``event`` answers a request to publish of ours: the request is published."""
         if event.author == self.me and tree.requests:
             request = tree.requests.pop(event.author_signature, None)
             if request is not None:
-                out.append(ev.Published(request, event))
+                return [ev.Published(request, event)]
+        return []
 
-    def _on_request(self, peer: PeerId, msg: RequestToPublish, now: float) -> Out:
+    def on_request_timeout(self, timer: RequestTimeout) -> Out:
+        tree = self._trees.get(timer.topic)
+        if tree is None:
+            return []
+        request = tree.requests.pop(timer.signature, None)
+        if request is None:
+            return []
+        return [ev.CommandFailed(request, "no event came back for the request to publish")]
+
+    def settle(self, now: float) -> Out:
+        """After any input: trees whose sync waited for their JOIN may be synced now."""
+        out: Out = []
+        for cid in list(self._syncing):
+            tree = self._trees.get(cid)
+            if tree is None:
+                self._syncing.discard(cid)
+            else:
+                out += self.maybe_synced(tree, now)
+        return out
+
+    def parent_for(self, tree: Tree) -> CID | None:
+        """LAST_SEEN: the newest event this node knows of the topic — what it accepted or
+        published last, else the newest head its durable store or a neighbour named."""
+        if tree.last_seen is not None:
+            return tree.last_seen
+        heads = self.backfill.heads(tree.topic.cid)
+        if heads:
+            return self.newest(heads)
+        return tree.hint
+
+    def newest(self, cids: tuple[CID, ...] | list[CID]) -> CID:
+        """The CID among ``cids`` whose block (if held) was created last."""
+
+        def key(cid: CID) -> tuple[str, bytes]:
+            block = self._lookup(cid)
+            links = None if block is None else event_links(block)
+            return ("" if links is None else links.created, cid.raw)
+
+        return max(cids, key=key)
+
+    def _refuse(self, peer: PeerId | None, reason: str) -> Out:
+        return [Refused(peer, reason)]
+
+    def on_request(self, peer: PeerId, msg: RequestToPublish, now: float) -> Out:
         tree = self._trees.get(msg.topic)
         if tree is None:
-            return self._reject(peer, f"request to publish on {msg.topic}, not our tree")
+            return self._refuse(peer, f"request to publish on {msg.topic}, not our tree")
         if self.versions.first_of(msg.version) != tree.topic.cid:
-            return self._reject(peer, f"request names unknown version {msg.version}")
+            return self._refuse(peer, f"request names unknown version {msg.version}")
         latest = self.versions.latest(tree.topic.cid)
         assert latest is not None
         if not latest.may_publish(self.me):
             if not tree.parents:
-                return self._reject(peer, "request reached the root; nobody may publish it")
+                return self._refuse(peer, "request reached the root; nobody may publish it")
             return [ev.Send(p, msg) for p in sorted(tree.parents, key=bytes)]
         if not tree.synced:
             return self._wait_for_sync(tree, (peer, msg))
         if not latest.may_request(msg.author):
-            return self._reject(peer, f"{msg.author} may not request to publish")
+            return self._refuse(peer, f"{msg.author} may not request to publish")
         merges: tuple[CID, ...] = ()
         if latest.event_linking is EventLinking.LAST_SEEN:
-            parent = self._parent_for(tree)
+            parent = self.parent_for(tree)
             merges = self._merges_for(tree, parent)
         else:
             parent = msg.parent
             if parent is not None and self._check_parent(tree, parent) is not None:
-                return self._reject(peer, f"request names parent {parent}, not known here")
+                return self._refuse(peer, f"request names parent {parent}, not known here")
         try:
             event = EventDescriptor.create(
                 self.identity,
@@ -520,5 +618,5 @@ class Publishing(CoreParts):
                 merges=merges,
             )
         except InvalidDescriptor as exc:
-            return self._reject(peer, f"request to publish: {exc}")
+            return self._refuse(peer, f"request to publish: {exc}")
         return self._publish(tree, event, None)

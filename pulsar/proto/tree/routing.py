@@ -117,6 +117,12 @@ class Tree:
     def in_tree(self) -> bool:
         return self.acting_root or bool(self.parents)
 
+    def remember(self, cid: CID, limit: int) -> None:
+        """Note ``cid`` as seen here (the ``limit`` most recent are kept)."""
+        self.seen[cid] = None
+        if len(self.seen) > limit:
+            del self.seen[next(iter(self.seen))]
+
 
 class TreeRouter:
     """Join routing and parent maintenance for every tree of one node."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor, cid_of
 from dag.event_links import event_links, event_version
@@ -134,6 +134,42 @@ class Adoption:
             out += self._release(version.cid)
             out.append(Resolved(version.cid))
         return out
+
+    def judge(self, tree: TopicDescriptor, event: EventDescriptor) -> str | None:
+        """Why ``event`` may not enter the tree of ``tree`` (its first version; None: it
+        may). The meta topic takes events from its author only; every other topic follows
+        the rights rule of its latest version."""
+        if tree.is_meta:
+            if self.versions.first_of(event.topic) != tree.cid:
+                return f"event {event.cid} belongs to another topic"
+            if event.publisher != tree.author or event.author != tree.author:
+                return f"event {event.cid}: only the author publishes on a meta topic"
+            return None
+        first = tree.cid
+        problem = self.versions.admit(first, event)
+        if problem is None and self.versions.is_sanctioned(first, event.cid):
+            # Its parent and merges are vouched for now; if this node holds them already
+            # (admitted on their publishers' rights), the vouching must go on below them.
+            self.vouch_below(first, [c for c in (event.parent, *event.merges) if c is not None])
+        return problem
+
+    def verify(
+        self, tree: TopicDescriptor, block: bytes
+    ) -> EventDescriptor | Literal["unvouched"] | None:
+        """A block fetched for the tree of ``tree``, checked as an event that came down
+        the tree would be. ``"unvouched"``: refused only because nothing vouches for it
+        yet (a walk from a recorded head may still reach it); None: refused."""
+        try:
+            event = EventDescriptor.from_block(block)
+        except InvalidDescriptor:
+            return None
+        if self.versions.get(event.topic) is None:
+            return None
+        if self.judge(tree, event) is not None:
+            if not tree.is_meta and self.versions.needs_vouching(tree.cid, event):
+                return "unvouched"
+            return None
+        return event
 
     def vouch_below(self, first: CID, vouched: Iterable[CID]) -> None:
         """Pass vouching down from ``vouched`` (a new version's recorded heads; an admitted
