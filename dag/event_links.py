@@ -9,6 +9,7 @@ for a block that is not shaped like an event.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .cid import CID
@@ -16,7 +17,7 @@ from .codec import decode_fast
 from .descriptors import MAX_MERGES
 from .errors import CodecError
 
-__all__ = ["EventLinks", "event_links", "event_version"]
+__all__ = ["EventLinks", "event_links", "event_version", "newest"]
 
 
 class EventLinks(NamedTuple):
@@ -65,3 +66,15 @@ def event_version(block: bytes) -> tuple[CID, CID | None] | None:
         return CID(topic), None if parent is None else CID(parent)
     except (CodecError, KeyError, TypeError, ValueError):
         return None
+
+
+def newest(cids: Sequence[CID], lookup: Callable[[CID], bytes | None]) -> CID:
+    """The CID among ``cids`` (not empty) whose block, if held, was created last; ties
+    and blocks not held are ordered by CID bytes, so every node picks the same."""
+
+    def key(cid: CID) -> tuple[str, bytes]:
+        block = lookup(cid)
+        links = None if block is None else event_links(block)
+        return ("" if links is None else links.created, cid.raw)
+
+    return max(cids, key=key)

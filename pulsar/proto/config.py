@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from pulsar.proto.fragments.config import FragmentConfig
 
-__all__ = ["LONE_NODE", "CoreConfig"]
+__all__ = ["LONE_NODE", "CoreConfig", "quorum_reason"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +66,11 @@ class CoreConfig:
 LONE_NODE = CoreConfig(min_acks=0)
 """For a node that runs without DHT peers on purpose (one-node benchmarks): a publish
 counts as persisted once it is in the local store."""
+
+
+def quorum_reason(acks: int, min_acks: int, what: str) -> str:
+    """Why a store that missed the write quorum failed, in words an operator can act on."""
+    return (
+        f"{what} stored on {acks} DHT node(s), fewer than the {min_acks} "
+        "required (min_acks); not published — is the node connected to its network?"
+    )

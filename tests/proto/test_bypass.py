@@ -77,7 +77,7 @@ def test_the_child_joins_the_relays_parent_and_leaves_the_relay() -> None:
                for o in out)
     view = child.tree(TOPIC.cid)
     assert view is not None and view.parents == {AUTHOR.peer_id} and not view.attached
-    assert child.metrics["relays_bypassed"] == 1
+    assert child.counters()["relays_bypassed"] == 1
 
 
 def test_a_parent_named_that_is_not_closer_to_the_author_is_ignored() -> None:
@@ -117,4 +117,4 @@ def test_sparse_routing_tables_leave_no_relay_in_any_tree() -> None:
               if (tree := n.core._trees.get(t.cid)) is not None and not tree.deliver
               and n is not author]
     assert relays == []
-    assert sum(n.core.metrics["relays_bypassed"] for n in net.nodes.values()) > 50
+    assert sum(n.core.counters()["relays_bypassed"] for n in net.nodes.values()) > 50

@@ -502,7 +502,7 @@ def test_counters_keep_the_core_and_the_ordering_layer_apart() -> None:
     _subscribe_all(net, topic, nodes)
     core = author.core
     assert isinstance(core, PulsarCore)
-    core.metrics["duplicates"] = 7
+    core.flow.metrics["duplicates"] = 7
     core.metrics["rejected"] = 5
     core.backfill._counts["duplicates"] = 2
     counted = core.counters()

@@ -27,6 +27,7 @@ from pulsar.proto.timers import MembershipTick
 
 ME = Identity.from_seed(b"m" * 32).peer_id
 P = sorted((Identity.from_seed(bytes([i]) * 32).peer_id for i in range(1, 40)), key=bytes)
+TOPIC = cid_of(b"a topic")
 """Peers in byte order, so 'sorted by bytes' outputs read in index order."""
 
 
@@ -43,7 +44,7 @@ def _linked(m: Membership, *peers: PeerId) -> None:
     for peer in peers:
         out = m.on_message(peer, Neighbor(True), 0.0)
         assert ev.Send(peer, NeighborReply(True)) in out
-    m.take_changes()
+    m.tell_interests([], [])  # links up so far are told nothing: no topics
 
 
 def _sends(out: ev.Out) -> list[tuple[PeerId, Any]]:
@@ -57,8 +58,9 @@ def test_join_through_a_contact_then_links_once_it_answers() -> None:
     assert m.neighbours() == []  # not before the contact took us
     assert m.on_message(P[0], NeighborReply(True), 0.1) == []
     assert m.neighbours() == [P[0]]
-    assert m.take_changes() == [(P[0], True)]
-    assert m.take_changes() == []
+    # The new neighbour is told every topic we are in, once.
+    assert m.tell_interests([TOPIC], []) == [ev.Send(P[0], Interests((TOPIC,)))]
+    assert m.tell_interests([TOPIC], []) == []
 
 
 def test_a_node_without_contacts_joins_when_the_tick_finds_one() -> None:
@@ -126,7 +128,8 @@ def test_a_full_view_refuses_low_priority_and_makes_room_for_high() -> None:
     assert reply == (P[3], NeighborReply(True))
     assert set(m.active) == {P[0], P[1], P[3]} - {victim}
     assert victim in m.passive
-    assert m.take_changes() == [(victim, False), (P[3], True)]
+    # Only the link that came up is told our topics; the one that went down is not.
+    assert m.tell_interests([TOPIC], []) == [ev.Send(P[3], Interests((TOPIC,)))]
 
 
 def test_a_failed_neighbour_is_replaced_from_the_passive_view() -> None:
@@ -139,7 +142,7 @@ def test_a_failed_neighbour_is_replaced_from_the_passive_view() -> None:
     assert len(out) == 2 and all(msg == Neighbor(True) for _, msg in out)
     asked = {peer for peer, _ in out}
     assert asked < {P[5], P[6], P[7]}
-    assert m.take_changes() == [(P[0], False)]
+    assert m.tell_interests([TOPIC], []) == []  # a link went down: nobody to tell
     first, second = sorted(asked, key=bytes)
     assert m.on_message(first, NeighborReply(True), 2.1) == []
     # The other refuses. With a neighbour left the node is in no hurry: the next shuffle
@@ -336,3 +339,22 @@ def test_a_lone_core_sends_nothing_until_started() -> None:
     core = PulsarCore(_ident(1), StaticRouting([]))
     assert core.handle(ev.TimerFired(MembershipTick(1)), 0.0) == []  # never armed: stale
     assert core.handle(ev.Start(), 0.0) == [ev.SetTimer(1.0, MembershipTick(1))]
+
+
+def test_interests_go_whole_to_new_links_and_as_news_to_the_others() -> None:
+    m = _layer()
+    m.start(0.0)
+    _linked(m, P[0], P[1])
+    joined = cid_of(b"joined just now")
+    m.on_message(P[2], Neighbor(True), 1.0)
+    out = m.tell_interests([TOPIC, joined], [joined])
+    everything = tuple(sorted([TOPIC, joined], key=bytes))
+    assert sorted(_sends(out), key=lambda s: bytes(s[0])) == sorted(
+        [(P[2], Interests(everything)), (P[0], Interests((joined,))),
+         (P[1], Interests((joined,)))], key=lambda s: bytes(s[0]))
+    # More topics than one message carries: split, nothing left out.
+    many = [cid_of(bytes([i, j])) for i in range(3) for j in range(256)][:MAX_INTERESTS + 5]
+    m.on_message(P[3], Neighbor(True), 2.0)
+    told = [msg.topics for peer, msg in _sends(m.tell_interests(many, [])) if peer == P[3]]
+    assert [len(t) for t in told] == [MAX_INTERESTS, 5]
+    assert sorted((t for chunk in told for t in chunk), key=bytes) == sorted(many, key=bytes)

@@ -221,7 +221,7 @@ def test_a_duplicate_over_an_edge_we_do_not_hold_is_answered_with_leave_once() -
     assert core.handle(ev.Received(stale, copy), 1.3) == [ev.Send(stale, Leave(topic.cid))]
     assert core.handle(ev.Received(stale, copy), 1.4) == []  # its copies in flight: quiet
     assert core.handle(ev.Received(stale, copy), 12.0) == [ev.Send(stale, Leave(topic.cid))]
-    assert core.metrics["stale_edges"] == 2
+    assert core.counters()["stale_edges"] == 2
 
 
 def test_a_stale_edge_whose_copies_come_first_is_told_leave() -> None:

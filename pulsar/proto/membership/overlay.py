@@ -30,27 +30,30 @@ and Plumtree draws a topic's lazy links from the neighbours that share it
 over the k-buckets.
 
 Inputs are :meth:`start`, :meth:`on_message`, :meth:`peer_down` and :meth:`on_timer`;
-outputs are ``Send`` and ``SetTimer``. Links that came up or went down are taken by the
-core with :meth:`take_changes`. Random choices go through the given RNG over sorted
+outputs are ``Send`` and ``SetTimer``. After each step the core asks
+:meth:`tell_interests` for the INTERESTS that links come up since (and trees joined)
+call for. Random choices go through the given RNG over sorted
 lists, so a seeded run is the same whatever the hash seed.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import assert_never
 
-from dag import PeerId
+from dag import CID, PeerId
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
 
 from .messages import (
+    MAX_INTERESTS,
     MAX_VIEW_SAMPLE,
     Disconnect,
     ForwardJoin,
     HvJoin,
+    Interests,
     MembershipMessage,
     Neighbor,
     NeighborReply,
@@ -161,10 +164,25 @@ class Membership:
     def near(self) -> list[PeerId]:
         return sorted((p for p, near in self.active.items() if near), key=bytes)
 
-    def take_changes(self) -> list[tuple[PeerId, bool]]:
-        """Links that came up (True) or went down (False) since the last call, in order."""
+    def tell_interests(self, topics: Collection[CID], joined: list[CID]) -> Out:
+        """INTERESTS for the neighbours: every topic of ``topics`` (the trees we are in)
+        to a neighbour that came up since the last call, ``joined`` (trees joined since)
+        to the others. A few messages per link, never per period: an idle node sends
+        none."""
         changes, self._changes = self._changes, []
-        return changes
+        if not changes and not joined:
+            return []
+        out: Out = []
+        fresh = {peer for peer, up in changes if up and peer in self.active}
+        if fresh:
+            everything = sorted(topics, key=bytes)
+            for peer in sorted(fresh, key=bytes):
+                out += _chunked(peer, everything)
+        if joined:
+            for peer in self.neighbours():
+                if peer not in fresh:
+                    out += _chunked(peer, joined)
+        return out
 
     # ------------------------------------------------------------------ inputs
 
@@ -466,3 +484,10 @@ class Membership:
         self._tick_seq += 1
         self._tick_due = due
         return [ev.SetTimer(max(due - now, 0.0), MembershipTick(self._tick_seq))]
+
+
+def _chunked(peer: PeerId, topics: list[CID]) -> Out:
+    return [
+        ev.Send(peer, Interests(tuple(topics[i : i + MAX_INTERESTS])))
+        for i in range(0, len(topics), MAX_INTERESTS)
+    ]

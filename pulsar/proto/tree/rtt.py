@@ -18,6 +18,7 @@ Nothing here does I/O or reads a clock; ``now`` is passed in.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -113,6 +114,20 @@ class RttTable:
         return {p: (e.srtt, e.rto(self.config)) for p, e in self._estimates.items()}
 
     # ------------------------------------------------------------------ probing
+
+    def probes(self, peers: Iterable[PeerId], now: float) -> list[tuple[PeerId, int]]:
+        """``(peer, nonce)`` for each of ``peers`` (those a step is about to send to) that
+        needs a probe now, each peer once, in the order given."""
+        asked: set[PeerId] = set()
+        wanted: list[tuple[PeerId, int]] = []
+        for peer in peers:
+            if peer in asked:
+                continue
+            asked.add(peer)
+            nonce = self.wanted(peer, now)
+            if nonce is not None:
+                wanted.append((peer, nonce))
+        return wanted
 
     def wanted(self, peer: PeerId, now: float) -> int | None:
         """The nonce of a new probe to send to ``peer`` if it needs one now, else None."""

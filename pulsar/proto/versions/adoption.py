@@ -29,6 +29,7 @@ from pulsar.proto.tree.messages import Event
 
 from .. import events as ev
 from ..events import OutEvent
+from ..reports import Refused
 from .lineage import TopicVersions
 
 __all__ = [
@@ -77,19 +78,11 @@ class Resolved:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
-    """An input this room refused (the core counts and reports it)."""
-
-    peer: PeerId | None
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
 class Rejudge:
-    """Backfilled blocks that waited for ``version``: hand them to backfill now.
-    ``known``: the version was registered (a BLOCKS answer is looked at again, and may
-    wait for another version); otherwise they are judged as they are, and the events
-    naming it refused."""
+    """Backfilled blocks to hand to backfill now: they name no unknown version, or the
+    one they waited for was registered (``known``: a BLOCKS answer is looked at again,
+    and may wait for another version) or given up on (judged as they are, the events
+    naming it refused)."""
 
     item: Backfilled
     known: bool
@@ -235,6 +228,24 @@ class Adoption:
         self._parked_count += 1
         self._parked.setdefault(version, []).append((peer, msg))
         return self.fetch(version)
+
+    def backfilled(self, fetched: ev.BlockFetched) -> AdoptionOut:
+        """A block backfill asked the DHT for. An event naming a topic version not known
+        yet waits for it; anything else goes to the backfill layer at once."""
+        version = self.waiting_version(fetched)
+        if version is None:
+            return [Rejudge(fetched, False)]
+        return self.park_backfill(version, fetched)
+
+    def backfilled_blocks(self, received: ev.Received, frontier: set[CID]) -> AdoptionOut:
+        """A neighbour's BLOCKS answer: it waits, whole, for the first topic version not
+        known yet that an event it would give backfill names (then for the next, if any);
+        ``frontier`` is the topic's gap frontier (see :meth:`first_unknown`)."""
+        assert isinstance(received.message, Blocks)
+        version = self.first_unknown(received.message, frontier)
+        if version is None:
+            return [Rejudge(received, False)]
+        return self.park_backfill(version, received)
 
     def waiting_version(self, fetched: ev.BlockFetched) -> CID | None:
         """The unknown topic version an event block backfill fetched names, if any."""

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from dag import CID, Identity, InvalidDescriptor, TopicDescriptor
 
 from .. import events as ev
+from ..config import quorum_reason
 from ..events import OutEvent
-from ..stores import quorum_reason
 from .descriptors import build_topic, build_version
 from .lineage import TopicVersions
 

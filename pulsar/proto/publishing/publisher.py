@@ -26,7 +26,7 @@ publishing fields of each :class:`~pulsar.proto.tree.routing.Tree`. It never cal
 core: an event of ours that is persisted comes back as :class:`Forward` (the core
 delivers it here and sends it down the tree), a version a heads record names as
 :class:`WantVersion`, a refused input as
-:class:`~pulsar.proto.versions.adoption.Refused`, each among its outputs where it
+:class:`~pulsar.proto.reports.Refused`, each among its outputs where it
 happens (:data:`PublishItem`).
 """
 
@@ -46,18 +46,20 @@ from dag import (
     TopicDescriptor,
 )
 from dag.descriptors import MAX_MERGES
-from dag.event_links import event_links
-from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
+from dag.event_links import newest
+from dag.records import MAX_RECORD_PEERS, HeadsRecord
 from pulsar.proto.repair.backfill import Backfill
 from pulsar.proto.tree.messages import RequestToPublish
 from pulsar.proto.tree.routing import Tree
-from pulsar.proto.versions.adoption import Adoption, Refused
+from pulsar.proto.versions.adoption import Adoption
 
-from . import events as ev
-from .config import CoreConfig
-from .events import OutEvent
-from .stores import OwnStores, Stored, quorum_reason
-from .timers import RecordTimer, RequestTimeout
+from .. import events as ev
+from ..config import CoreConfig, quorum_reason
+from ..events import OutEvent
+from ..reports import Refused
+from ..timers import RequestTimeout
+from .records import RecordWriter
+from .stores import OwnStores, Stored
 
 __all__ = ["Forward", "PublishItem", "Publisher", "WantVersion"]
 
@@ -110,12 +112,9 @@ class Publisher:
         self._version_waiters: dict[CID, set[CID]] = {}
         """Topic version -> the trees whose publishing waits for it (an index, so adopting a
         version costs the trees that wait, not every tree the node knows)."""
-        self.metrics: dict[str, int] = {
-            "published": 0,
-            "records_written": 0,
-            "store_quorum_failed": 0,
-            "record_quorum_failed": 0,
-        }
+        self.records = RecordWriter(identity, config, adoption.versions, backfill, self.stores)
+        """Our heads records: when they are written, and which publishes they acknowledge."""
+        self.metrics: dict[str, int] = {"published": 0, "store_quorum_failed": 0}
 
     def checking_parent(self, cid: CID) -> bool:
         return cid in self._parent_checks
@@ -349,7 +348,7 @@ class Publisher:
         tree = None if first is None else self._trees.get(first)
         meta_tree = None if version.meta is None else self._trees.get(version.meta)
         if tree is not None:
-            out += self.arm_record(tree, 0.0, now)
+            out += self.records.arm(tree, 0.0, now)
         ready = ev.TopicReady(request, version)
         if meta_tree is None:
             out.append(ready)
@@ -409,7 +408,7 @@ class Publisher:
         tree = self._trees.get(topic_cid)
         if pending.request is not None:
             published = ev.Published(pending.request, event)
-            if tree is not None and self._acks_wait_for_record(tree):
+            if tree is not None and self.records.acks_wait(tree):
                 tree.record_waiters.append(published)
             else:
                 out.append(published)
@@ -423,106 +422,9 @@ class Publisher:
             # A publish waiting for its acknowledgement has the record written at once
             # (one write in flight per tree: publishes meanwhile share the next one).
             delay = 0.0 if tree.record_waiters else self.config.record_delay
-            out += self.arm_record(tree, delay, now)
+            out += self.records.arm(tree, delay, now)
         out.append(ev.KeepPublished(topic_cid, event.cid))
         return out
-
-    def _acks_wait_for_record(self, tree: Tree) -> bool:
-        """Whether a publish on ``tree`` is acknowledged only once a heads record naming
-        it is stored at the write quorum. Without a quorum (``min_acks`` 0, a lone node)
-        there is nobody to store it, and meta topics carry versions, not events."""
-        return self.config.min_acks > 0 and not tree.topic.is_meta
-
-    def on_record_stored(self, stored: ev.RecordStored, now: float) -> Out:
-        """Our heads record was stored (or not): acknowledge the publishes it names, or
-        write it again; after ``record_retries`` misses in a row they fail as
-        ``unrecorded`` (stored and forwarded, but a reader of the records may not find
-        them: the caller cannot count on them)."""
-        tree = self._trees.get(stored.topic)
-        if tree is None or tree.record_writing is None or tree.record_writing[0] != stored.seq:
-            return []  # an answer overtaken by a later write (which carries its publishes)
-        waiters = tree.record_writing[1]
-        tree.record_writing = None
-        out: Out = []
-        if stored.acks >= max(1, self.config.min_acks):
-            tree.record_failures = 0
-            out += waiters
-        elif waiters:
-            tree.record_failures += 1
-            if tree.record_failures <= self.config.record_retries:
-                tree.record_waiters[:0] = waiters
-                backoff = self.config.record_delay * 2 ** (tree.record_failures - 1)
-                tree.record_again = False
-                return out + self.arm_record(tree, backoff, now)
-            tree.record_failures = 0
-            self.metrics["record_quorum_failed"] += 1
-            reason = quorum_reason(stored.acks, self.config.min_acks, "heads record").replace(
-                "not published", "the event may still be delivered, but this publish is "
-                "not acknowledged")
-            out += [ev.CommandFailed(w.request, reason, kind="unrecorded") for w in waiters]
-        if tree.record_waiters or tree.record_again:
-            tree.record_again = False
-            delay = 0.0 if tree.record_waiters else self.config.record_delay
-            out += self.arm_record(tree, delay, now)
-        return out
-
-    def arm_record(self, tree: Tree, delay: float, now: float) -> Out:
-        """Write the heads record ``delay`` from ``now``, unless one is due sooner: a
-        publish gathers what follows it for ``record_delay``, and a new version is
-        written at once even if a slower write was already armed."""
-        due = now + delay
-        if tree.record_due is not None and tree.record_due <= due:
-            return []
-        tree.record_due = due
-        return [ev.SetTimer(delay, RecordTimer(tree.topic.cid, due))]
-
-    def flush_records(self, now: float) -> Out:
-        """Write every heads record armed but not written yet (the node is stopping)."""
-        out: Out = []
-        for tree in self._trees.values():
-            if tree.record_due is not None or tree.record_again:
-                due = tree.record_due if tree.record_due is not None else now
-                tree.record_due = due
-                out += self.write_record(tree, RecordTimer(tree.topic.cid, due), now,
-                                          force=True)
-        return out
-
-    def write_record(
-        self, tree: Tree, timer: RecordTimer, now: float, *, force: bool = False
-    ) -> Out:
-        if timer.due != tree.record_due:
-            return []  # overtaken: an earlier timer wrote the record already
-        tree.record_due = None
-        if tree.record_writing is not None and not force:
-            tree.record_again = True  # written when the one in flight is answered
-            return []
-        latest = self.versions.latest(tree.topic.cid)
-        if latest is None:
-            return []
-        heads = self.backfill.heads(tree.topic.cid)
-        last = self.stores.last_persisted(tree.last_seen)
-        if last is not None and last not in heads:
-            heads.append(last)
-        tree.record_seq = max(tree.record_seq + 1, int(now * 1000))
-        peers = tuple(p for p in tree.publishers if p != self.me)[-MAX_RECORD_PEERS:]
-        tree.recorded_publishers = frozenset(peers)
-        record = HeadsRecord.create(
-            self.identity,
-            tree.topic.cid,
-            tree.record_seq,
-            latest.cid,
-            tuple(heads[-MAX_RECORD_HEADS:]),
-            peers,
-            now=now,
-        )
-        self.metrics["records_written"] += 1
-        waiters = tree.record_waiters
-        if tree.record_writing is not None:  # forced (stopping): this one carries all
-            waiters = tree.record_writing[1] + waiters
-        tree.record_waiters = []
-        tree.record_again = False
-        tree.record_writing = (tree.record_seq, waiters)
-        return [ev.StoreRecord(record)]
 
     def saw_publisher(self, tree: Tree, publisher: PeerId) -> None:
         tree.publishers[publisher] = None
@@ -565,18 +467,8 @@ class Publisher:
             return tree.last_seen
         heads = self.backfill.heads(tree.topic.cid)
         if heads:
-            return self.newest(heads)
+            return newest(heads, self._lookup)
         return tree.hint
-
-    def newest(self, cids: tuple[CID, ...] | list[CID]) -> CID:
-        """The CID among ``cids`` whose block (if held) was created last."""
-
-        def key(cid: CID) -> tuple[str, bytes]:
-            block = self._lookup(cid)
-            links = None if block is None else event_links(block)
-            return ("" if links is None else links.created, cid.raw)
-
-        return max(cids, key=key)
 
     def _refuse(self, peer: PeerId | None, reason: str) -> Out:
         return [Refused(peer, reason)]

@@ -16,17 +16,9 @@ from dataclasses import dataclass
 
 from dag import CID, EventDescriptor
 
-from .events import TopicReady
+from ..events import TopicReady
 
-__all__ = ["OwnStores", "Stored", "quorum_reason"]
-
-
-def quorum_reason(acks: int, min_acks: int, what: str) -> str:
-    """Why a store that missed the write quorum failed, in words an operator can act on."""
-    return (
-        f"{what} stored on {acks} DHT node(s), fewer than the {min_acks} "
-        "required (min_acks); not published — is the node connected to its network?"
-    )
+__all__ = ["OwnStores", "Stored"]
 
 
 @dataclass(slots=True)
