@@ -10,6 +10,11 @@ handed out, so the consumer sees every event of the delivery log exactly once.
 logic: it runs a :class:`PulsarcastClient` on a private event loop in a background thread and
 waits for each call.
 
+Durable consumers are made and inspected here (:meth:`PulsarcastClient.add_consumer`,
+:meth:`~PulsarcastClient.consumer_info`); their messages flow through
+:meth:`~PulsarcastClient.consume` (``async for msg in client.consume(topic, "billing"):
+... await msg.ack()``), a :class:`ConsumerMessage` each.
+
 Events and topics come back as the JSON objects the API documents (plain dicts), so what a
 script reads is what ``curl`` shows; :func:`payload_of` decodes an event's payload bytes,
 :func:`payload_value` gives it back as it was published (JSON value, text or bytes).
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-from collections.abc import AsyncIterator, Coroutine, Generator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Mapping
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -34,10 +39,10 @@ from typing import Any, Final, TypeVar
 from .client_http import MAX_BODY as MAX_BODY
 from .client_http import MAX_LINE as MAX_LINE
 from .client_http import PROBLEM_BASE, ApiError, Json, _params
-from .client_streams import _ClientStreams
+from .client_streams import ConsumerMessage, _ClientStreams
 
-__all__ = ["PROBLEM_BASE", "ApiError", "Client", "PulsarcastClient", "payload_of",
-           "payload_value"]
+__all__ = ["PROBLEM_BASE", "ApiError", "Client", "ConsumerMessage", "PulsarcastClient",
+           "payload_of", "payload_value"]
 
 T = TypeVar("T")
 
@@ -175,6 +180,48 @@ class PulsarcastClient(_ClientStreams):
         result: Json = await self._call("GET", f"/v1/events/{self._cid(cid)}")
         return result
 
+    # ------------------------------------------------------------------ durable consumers
+
+    async def add_consumer(self, topic: str, name: str, *,
+                           deliver_policy: str | Mapping[str, Any] | None = None,
+                           ack_policy: str | None = None, ack_wait: float | None = None,
+                           max_deliver: int | None = None,
+                           backoff: list[float] | None = None,
+                           replay_policy: str | None = None,
+                           max_ack_pending: int | None = None) -> Json:
+        """Make a durable consumer ``name`` of ``topic`` (which the node must follow) and
+        answer its info; adding it again with the same settings is harmless, with others
+        it raises :class:`ApiError` ``consumer-exists``. Settings left out take the node's
+        defaults: ``deliver_policy`` ``"all"`` (or ``"last"``, ``"new"``,
+        ``{"start_seq": n}``, ``{"start_time": t}``), ``ack_policy`` ``"explicit"`` (or
+        ``"all"``, ``"none"``), ``ack_wait`` 30 s, ``max_deliver`` -1 (no limit),
+        ``backoff`` none, ``replay_policy`` ``"instant"`` (or ``"original"``),
+        ``max_ack_pending`` 1000."""
+        settings = {"deliver_policy": deliver_policy, "ack_policy": ack_policy,
+                    "ack_wait": ack_wait, "max_deliver": max_deliver, "backoff": backoff,
+                    "replay_policy": replay_policy, "max_ack_pending": max_ack_pending}
+        body: Json = {"name": name}
+        body.update({k: (dict(v) if isinstance(v, Mapping) else v)
+                     for k, v in settings.items() if v is not None})
+        result: Json = await self._call("POST", f"/v1/topics/{self._cid(topic)}/consumers",
+                                        body=body)
+        return result
+
+    async def consumer_info(self, topic: str, name: str) -> Json:
+        """The consumer's settings, position (``delivered``, ``ack_floor``) and counters
+        (``num_pending``, ``num_ack_pending``, ``num_redelivered``, ...)."""
+        result: Json = await self._call("GET", self._consumer_path(topic, name))
+        return result
+
+    async def consumers(self, topic: str) -> list[Json]:
+        """The info of every consumer of ``topic`` at the node."""
+        answer = await self._call("GET", f"/v1/topics/{self._cid(topic)}/consumers")
+        return list(answer["consumers"])
+
+    async def delete_consumer(self, topic: str, name: str) -> None:
+        """Remove the consumer and what it had pending."""
+        await self._call("DELETE", self._consumer_path(topic, name))
+
     # ------------------------------------------------------------------ the node
 
     async def node(self) -> Json:
@@ -307,6 +354,28 @@ class Client:
     def live(self, topic: str, from_: str | int = "latest",
              **options: Any) -> Generator[Json, None, None]:
         return self._iterate(self.api.live(topic, from_, **options))
+
+    def add_consumer(self, topic: str, name: str, **settings: Any) -> Json:
+        return self._run(self.api.add_consumer(topic, name, **settings))
+
+    def consumer_info(self, topic: str, name: str) -> Json:
+        return self._run(self.api.consumer_info(topic, name))
+
+    def consumers(self, topic: str) -> list[Json]:
+        return self._run(self.api.consumers(topic))
+
+    def delete_consumer(self, topic: str, name: str) -> None:
+        self._run(self.api.delete_consumer(topic, name))
+
+    def fetch(self, topic: str, name: str, *, batch: int = 1, expires: float = 0.0
+              ) -> list[ConsumerMessage]:
+        """Messages to settle with :meth:`ack` (their ``ack()`` is a coroutine of the
+        async client's loop; this facade's callers use ids)."""
+        return self._run(self.api.fetch(topic, name, batch=batch, expires=expires))
+
+    def ack(self, topic: str, name: str, ids: Iterable[int], *, kind: str = "ack",
+            delay: float | None = None) -> Json:
+        return self._run(self.api.ack(topic, name, ids, kind=kind, delay=delay))
 
     def node(self) -> Json:
         return self._run(self.api.node())

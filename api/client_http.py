@@ -125,10 +125,16 @@ class _ClientBase:
         return headers
 
     async def _call(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
-                    body: Json | None = None) -> Any:
-        """One request; the JSON answer (None for 204); :class:`ApiError` for problems."""
+                    body: Json | None = None, timeout: float | None = None) -> Any:
+        """One request; the JSON answer (None for 204); :class:`ApiError` for problems.
+        ``timeout`` (seconds) replaces the client's for a call the node may hold open on
+        purpose (a consumer fetch waits up to its ``expires``)."""
+        options: dict[str, Any] = {}
+        if timeout is not None:  # left out, the session's own applies (None would be none)
+            options["timeout"] = aiohttp.ClientTimeout(total=timeout)
         async with self.session.request(method, self.base_url + path, params=params,
-                                        json=body, headers=self._headers()) as response:
+                                        json=body, headers=self._headers(),
+                                        **options) as response:
             if response.status >= 400:
                 raise await ApiError.from_response(response)
             if response.status == 204:

@@ -1,5 +1,7 @@
 """Reading a topic's delivery log with the Python client: history pages, history iteration,
-NDJSON, replay, and the live SSE iterator that resumes after a dropped connection.
+NDJSON, replay, the live SSE iterator that resumes after a dropped connection, and the
+messages of durable consumers (pulled in batches or pushed over SSE) with their
+acknowledgements.
 
 ``_ClientStreams`` holds the methods of :class:`api.client.PulsarcastClient` that read the
 log: :meth:`~_ClientStreams.history` follows ``next_cursor`` page after page,
@@ -8,21 +10,23 @@ response line by line, and :meth:`~_ClientStreams.live` parses Server-Sent Event
 (``_SSEParser``) and reconnects with ``Last-Event-ID``, so the consumer sees every event
 exactly once. Kept apart from the request plumbing (:mod:`api.client_http`) and the
 one-request endpoint methods (:mod:`api.client`): these are the client's long-lived reads,
-with their own framing, timeouts and reconnection. Needs only aiohttp and the standard
-library.
+with their own framing, timeouts and reconnection. :meth:`~_ClientStreams.consume` pulls a
+durable consumer's messages batch after batch (each a :class:`ConsumerMessage` that settles
+itself: ``await msg.ack()``), :meth:`~_ClientStreams.consume_stream` takes them pushed.
+Needs only aiohttp and the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 
 import aiohttp
 
 from .client_http import ApiError, Json, _ClientBase, _params
 
-__all__: list[str] = []  # a base class of api.client.PulsarcastClient: import that
+__all__ = ["ConsumerMessage"]  # and a base class of api.client.PulsarcastClient
 
 # Connection-level failures a live stream recovers from by reconnecting.
 _DROPPED = (
@@ -68,8 +72,57 @@ class _SSEParser:
         return None  # "retry" and unknown fields: this client keeps its own backoff
 
 
+class ConsumerMessage:
+    """A message a durable consumer handed out: ``event`` (the event's JSON as every reader
+    gets it, with its log ``seq``), ``id`` (what an acknowledgement names: the same for
+    every delivery of the event) and ``count`` (which delivery this is: 2 and up means it
+    was delivered before and not acknowledged in time).
+
+    Settle it with :meth:`ack`, :meth:`nak`, :meth:`term` or :meth:`progress`; each returns
+    True if the node applied it, False if the message was no longer pending (acknowledged
+    already, set aside, or its consumer does not track acknowledgements)."""
+
+    __slots__ = ("_client", "consumer", "count", "event", "id", "topic")
+
+    def __init__(self, client: _ClientStreams, topic: str, consumer: str, data: Json) -> None:
+        delivery = data["delivery"]
+        self._client = client
+        self.topic = topic
+        self.consumer = consumer
+        self.event: Json = {k: v for k, v in data.items() if k != "delivery"}
+        self.id = int(delivery["id"])
+        self.count = int(delivery["count"])
+
+    def __repr__(self) -> str:
+        return (f"ConsumerMessage(consumer={self.consumer!r}, id={self.id}, "
+                f"count={self.count}, cid={self.event.get('cid')!r})")
+
+    async def _settle(self, kind: str, delay: float | None = None) -> bool:
+        answer = await self._client.ack(self.topic, self.consumer, [self.id], kind=kind,
+                                        delay=delay)
+        return self.id in answer["done"]
+
+    async def ack(self) -> bool:
+        """Done with it: it is not delivered again (with ``ack_policy=all``, nor is any
+        earlier one)."""
+        return await self._settle("ack")
+
+    async def nak(self, delay: float | None = None) -> bool:
+        """Not done: deliver it again now, or after ``delay`` seconds."""
+        return await self._settle("nak", delay)
+
+    async def term(self) -> bool:
+        """Never deliver it again (counted as terminated, not as acknowledged)."""
+        return await self._settle("term")
+
+    async def progress(self) -> bool:
+        """Still working on it: its ``ack_wait`` starts again now."""
+        return await self._settle("progress")
+
+
 class _ClientStreams(_ClientBase):
-    """The delivery-log reads of :class:`api.client.PulsarcastClient`."""
+    """The delivery-log reads of :class:`api.client.PulsarcastClient`, and the durable
+    consumers' messages."""
 
     # ------------------------------------------------------------------ events
 
@@ -203,6 +256,109 @@ class _ClientStreams(_ClientBase):
                         last = seq if seq is not None else str(event.get("seq", last))
                         failures = 0
                         yield event
+            except ApiError:
+                raise
+            except (*_DROPPED, aiohttp.ClientResponseError):
+                failures += 1
+                if failures > max_retries:
+                    raise
+            await asyncio.sleep(min(max_backoff, backoff * 2 ** max(0, failures - 1)))
+
+    # ------------------------------------------------------------------ durable consumers
+
+    def _consumer_path(self, topic: str, name: str) -> str:
+        return f"/v1/topics/{self._cid(topic)}/consumers/{self._cid(name)}"
+
+    async def fetch(self, topic: str, name: str, *, batch: int = 1, expires: float = 0.0
+                    ) -> list[ConsumerMessage]:
+        """Up to ``batch`` (1..1000) messages of the durable consumer ``name``, waiting up
+        to ``expires`` seconds (at most 300) for the first; an empty list when none came.
+        Each must be settled (``await msg.ack()``) within the consumer's ``ack_wait`` or it
+        is delivered again."""
+        answer = await self._call("POST", self._consumer_path(topic, name) + "/fetch",
+                                  body={"batch": batch, "expires": expires},
+                                  timeout=expires + 30.0)
+        return [ConsumerMessage(self, topic, name, m) for m in answer["messages"]]
+
+    async def ack(self, topic: str, name: str, ids: Iterable[int], *, kind: str = "ack",
+                  delay: float | None = None) -> Json:
+        """Settle messages by delivery id: ``kind`` is ``ack``, ``nak`` (``delay``: deliver
+        again after that many seconds), ``term`` or ``progress``. Answers ``{"kind",
+        "done", "unknown"}``: ``unknown`` are the ids that were not pending."""
+        body: Json = {"ids": [int(i) for i in ids], "kind": kind}
+        if delay is not None:
+            body["delay"] = delay
+        result: Json = await self._call("POST", self._consumer_path(topic, name) + "/ack",
+                                        body=body)
+        return result
+
+    async def consume(self, topic: str, name: str, *, batch: int = 10, expires: float = 30.0,
+                      max_retries: int = 5, backoff: float = 0.1, max_backoff: float = 5.0
+                      ) -> AsyncGenerator[ConsumerMessage, None]:
+        """The durable consumer's messages, for as long as the caller iterates: pulled
+        ``batch`` at a time, each pull waiting up to ``expires`` seconds, so an idle topic
+        costs one request per ``expires``. A dropped connection (or a node answering 5xx
+        while it restarts) is retried after a growing pause; after ``max_retries`` failures
+        in a row the last error is raised. Problems (4xx: the consumer was deleted, say)
+        are raised at once.
+
+        A message fetched and not settled within ``ack_wait`` is delivered again, so keep
+        ``batch`` times the time one message takes below it."""
+        failures = 0
+        while True:
+            try:
+                messages = await self.fetch(topic, name, batch=batch, expires=expires)
+            except ApiError as exc:
+                if exc.status < 500:
+                    raise
+                failures += 1
+                if failures > max_retries:
+                    raise
+            except _DROPPED:
+                failures += 1
+                if failures > max_retries:
+                    raise
+            else:
+                failures = 0
+                for message in messages:
+                    yield message
+                continue
+            await asyncio.sleep(min(max_backoff, backoff * 2 ** max(0, failures - 1)))
+
+    async def consume_stream(self, topic: str, name: str, *, max_retries: int = 5,
+                             backoff: float = 0.1, max_backoff: float = 5.0,
+                             idle_timeout: float | None = 60.0
+                             ) -> AsyncGenerator[ConsumerMessage, None]:
+        """The durable consumer's messages pushed by the node (``GET .../stream``, Server-
+        Sent Events) rather than pulled; reconnects after a drop (the consumer keeps its
+        place on the node; what was sent and not acknowledged comes again after
+        ``ack_wait``). Ends when the consumer is deleted."""
+        url = f"{self.base_url}{self._consumer_path(topic, name)}/stream"
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
+        failures = 0
+        while True:
+            try:
+                async with self.session.get(
+                    url, headers=self._headers({"Accept": "text/event-stream"}),
+                    timeout=timeout,
+                ) as response:
+                    if response.status >= 500:
+                        raise aiohttp.ClientResponseError(
+                            response.request_info, (), status=response.status,
+                            message=response.reason or "")
+                    if response.status >= 400:
+                        raise await ApiError.from_response(response)
+                    parser = _SSEParser()
+                    while raw := await response.content.readline():
+                        done = parser.feed(raw.decode().rstrip("\r\n"))
+                        if done is None:
+                            continue
+                        kind, data, _ = done
+                        if kind == "end":
+                            return
+                        if kind == "message":
+                            failures = 0
+                            yield ConsumerMessage(self, topic, name, json.loads(data))
             except ApiError:
                 raise
             except (*_DROPPED, aiohttp.ClientResponseError):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Final
 
 from dag.descriptors import MAX_DESCRIPTOR_SIZE, MAX_NAME_BYTES, MAX_PEERS, MAX_SUBTOPICS
+from pulsar.runtime import consumer_config
 
 __all__ = ["LIMITS", "ServerLimits"]
 
@@ -45,6 +46,13 @@ SEQ_MAX: Final = 10**SEQ_DIGITS - 1
 """Largest delivery-log position a cursor may name: any 1..18 ASCII digits (so a pattern in
 the OpenAPI document states it exactly)."""
 ROUTING_K: Final = 1000
+CONSUMERS_PER_TOPIC: Final = consumer_config.MAX_CONSUMERS_PER_TOPIC
+CONSUMER_NAME: Final = consumer_config.MAX_NAME
+FETCH_BATCH: Final = consumer_config.MAX_BATCH
+FETCH_EXPIRES: Final = int(consumer_config.MAX_EXPIRES)
+ACK_PENDING: Final = consumer_config.MAX_ACK_PENDING
+ACK_IDS: Final = consumer_config.MAX_ACK_IDS
+"""The durable consumers' bounds, the runtime's own (:mod:`pulsar.runtime.consumer_config`)."""
 
 LIMITS: Final[dict[str, int]] = {
     "topic name (UTF-8 bytes)": TOPIC_NAME_BYTES,
@@ -60,6 +68,12 @@ LIMITS: Final[dict[str, int]] = {
     "event JSON per history page (bytes)": PAGE_BYTES,
     "cursor / position": SEQ_MAX,
     "routing contacts (k)": ROUTING_K,
+    "consumers per topic": CONSUMERS_PER_TOPIC,
+    "consumer name (characters)": CONSUMER_NAME,
+    "messages per fetch (batch)": FETCH_BATCH,
+    "fetch wait (expires, seconds)": FETCH_EXPIRES,
+    "unacknowledged messages per consumer (max_ack_pending)": ACK_PENDING,
+    "delivery ids per acknowledgement": ACK_IDS,
 }
 """What docs/api.md's limits table lists (a test keeps the two equal)."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE, MAX_MERGES, MAX_RETENTION
+from pulsar.runtime import consumer_config as consumer
 
 from . import limits
 from .history import SECONDS_PATTERN, SEQ_PATTERN
@@ -90,6 +91,139 @@ def _param(name: str, where: str, schema: dict[str, Any], description: str,
 
 
 _PATH_CID = _param("cid", "path", _CID, "a topic CID (any version)")
+_CONSUMER_NAME = {"type": "string", "minLength": 1, "maxLength": consumer.MAX_NAME,
+                  "pattern": f"^{consumer.NAME_PATTERN}$",
+                  "description": "letters, digits, '_' and '-'"}
+_PATH_NAME = _param("name", "path", _CONSUMER_NAME, "the consumer's name")
+
+
+def _consumer_schemas() -> dict[str, Any]:
+    """The durable consumers' settings, info, messages and acknowledgements."""
+    seconds = {"type": "number", "exclusiveMinimum": 0, "maximum": consumer.MAX_WAIT}
+    policy = {"oneOf": [
+        {"enum": ["all", "last", "new"]},
+        {"type": "object", "required": ["start_seq"], "additionalProperties": False,
+         "properties": {"start_seq": {"type": "integer", "minimum": 1,
+                                      "maximum": consumer.MAX_SEQ}}},
+        {"type": "object", "required": ["start_time"], "additionalProperties": False,
+         "properties": {"start_time": {"anyOf": [
+             {"type": "number", "description": "seconds since the epoch"},
+             {"type": "string", "format": "date-time",
+              "description": "RFC 3339, with a time zone"}]}}},
+    ], "description": "where a new consumer starts: the oldest entry kept, the newest, "
+                      "only new ones, a log position, or the first entry delivered at or "
+                      "after a time"}
+    config: dict[str, Any] = {
+        "type": "object", "required": ["name"], "additionalProperties": False,
+        "properties": {
+            "name": _CONSUMER_NAME,
+            "deliver_policy": policy,
+            "ack_policy": {"enum": ["explicit", "none", "all"]},
+            "ack_wait": {**seconds, "description": "seconds before an unacknowledged message "
+                                                   "is delivered again (default 30)"},
+            "max_deliver": {"type": "integer", "minimum": -1,
+                            "maximum": consumer.MAX_DELIVER_LIMIT, "not": {"const": 0},
+                            "description": "deliveries before a message that times out "
+                                           "again is set aside; -1 (default): no limit"},
+            "backoff": {"type": "array", "items": seconds, "maxItems": consumer.MAX_BACKOFF,
+                        "description": "the n-th redelivery waits backoff[min(n-1, len-1)] "
+                                       "instead of ack_wait"},
+            "replay_policy": {"enum": ["instant", "original"]},
+            "max_ack_pending": {"type": "integer", "minimum": 1,
+                                "maximum": consumer.MAX_ACK_PENDING,
+                                "description": "unacknowledged messages it may hold "
+                                               "(default 1000)"},
+        },
+    }
+    stored = {**config, "required": list(config["properties"])}
+    counters = ["start", "delivered", "ack_floor", "num_pending", "num_ack_pending",
+                "num_redelivered", "redeliveries", "num_terminated",
+                "num_max_deliver_reached", "num_skipped"]
+    info = {
+        "type": "object",
+        "required": ["topic", "name", "config", "created_at", *counters, "last_skipped"],
+        "properties": {
+            "topic": _CID, "name": {"type": "string"}, "config": stored,
+            "created_at": {"type": "number"},
+            **{c: {"type": "integer"} for c in counters},
+            "last_skipped": {"oneOf": [{"type": "null"}, {
+                "type": "array", "items": {"type": "integer"}, "minItems": 2,
+                "maxItems": 2}]},
+        },
+    }
+    message = {"allOf": [_ref("Event"), {
+        "type": "object", "required": ["delivery", "seq", "delivered_at"],
+        "properties": {"delivery": {
+            "type": "object", "required": ["id", "count"],
+            "properties": {"id": {"type": "integer", "description": "what an ack names: "
+                                  "the event's log position"},
+                           "count": {"type": "integer", "minimum": 1}}}}}]}
+    ids = {"type": "array", "minItems": 1, "maxItems": consumer.MAX_ACK_IDS,
+           "items": {"type": "integer", "minimum": 1, "maximum": consumer.MAX_SEQ}}
+    return {
+        "ConsumerConfig": config,
+        "ConsumerInfo": info,
+        "ConsumerMessage": message,
+        "FetchRequest": {"type": "object", "additionalProperties": False, "properties": {
+            "batch": {"type": "integer", "minimum": 1, "maximum": consumer.MAX_BATCH,
+                      "description": "at most this many messages (default 1)"},
+            "expires": {"type": "number", "minimum": 0, "maximum": consumer.MAX_EXPIRES,
+                        "description": "seconds to wait for a first message (default 0)"}}},
+        "AckRequest": {
+            "type": "object", "required": ["ids"], "additionalProperties": False,
+            "properties": {"ids": ids, "kind": {"enum": list(consumer.ACK_KINDS)},
+                           "delay": {"type": "number", "minimum": 0,
+                                     "maximum": consumer.MAX_WAIT,
+                                     "description": "nak only: deliver again after this "
+                                                    "many seconds"}},
+            "anyOf": [{"required": ["kind"], "properties": {"kind": {"const": "nak"}}},
+                      {"not": {"required": ["delay"]}}]},
+        "AckAnswer": {"type": "object", "required": ["kind", "done", "unknown"],
+                      "properties": {"kind": {"enum": list(consumer.ACK_KINDS)},
+                                     "done": {"type": "array", "items": {"type": "integer"}},
+                                     "unknown": {"type": "array",
+                                                 "items": {"type": "integer"}}}},
+    }
+
+
+def _consumer_paths() -> dict[str, Any]:
+    info = _json(_ref("ConsumerInfo"), "the consumer")
+    base = "/v1/topics/{cid}/consumers"
+    named = [_PATH_CID, _PATH_NAME]
+    return {
+        base: {
+            "post": _op("Make a durable consumer of a topic this node follows", {
+                "201": info, "200": _json(_ref("ConsumerInfo"), "it exists with these "
+                                          "settings"), "409": _PROBLEM, "422": _PROBLEM},
+                params=[_PATH_CID], body=_ref("ConsumerConfig"), auth=True),
+            "get": _op("The topic's consumers at this node", {
+                "200": _json({"type": "object", "required": ["topic", "consumers"],
+                              "properties": {"topic": _CID, "consumers": {
+                                  "type": "array", "items": _ref("ConsumerInfo")}}},
+                             "consumers")}, params=[_PATH_CID]),
+        },
+        base + "/{name}": {
+            "get": _op("A consumer: settings, position, counters", {"200": info},
+                       params=named),
+            "delete": _op("Remove a consumer (and what it had pending)", {
+                "204": {"description": "removed"}}, params=named, auth=True),
+        },
+        base + "/{name}/fetch": {"post": _op(
+            "Pull: up to batch messages, waiting up to expires seconds for the first", {
+                "200": _json({"type": "object", "required": ["messages"], "properties": {
+                    "messages": {"type": "array", "items": _ref("ConsumerMessage")}}},
+                    "the messages (none when expires passed first)")},
+            params=named, body=_ref("FetchRequest"), auth=True)},
+        base + "/{name}/ack": {"post": _op(
+            "Settle delivered messages: ack, nak (optionally after a delay), term, progress", {
+                "200": _json(_ref("AckAnswer"), "what it applied to, and the ids not "
+                             "pending")}, params=named, body=_ref("AckRequest"), auth=True)},
+        base + "/{name}/stream": {"get": _op("Push: messages as Server-Sent Events", {
+            "200": {"description": "an event stream; id: is the delivery id, each event a "
+                                   "message, data its JSON",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+            params=named)},
+    }
 
 
 def openapi_document() -> dict[str, Any]:
@@ -229,6 +363,7 @@ def openapi_document() -> dict[str, Any]:
                                            "rto_ms": {"type": "number"}}}]}},
             },
         },
+        **_consumer_schemas(),
         "Metrics": {
             "type": "object",
             "required": ["at", "uptime_s", "subscriptions", "node", "transport", "dht"],
@@ -308,6 +443,7 @@ def openapi_document() -> dict[str, Any]:
                            "at most this many events"),
                     _param("partial", "query", {"enum": ["true", "false", "1", "0"]},
                            "true: what could be fetched, instead of 503 replay-incomplete")])},
+        **_consumer_paths(),
         "/v1/events/{cid}": {"get": _op("An event by CID (local store, then the DHT)",
                                         {"200": event},
                                         params=[_param("cid", "path", _CID, "event CID")])},

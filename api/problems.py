@@ -44,6 +44,10 @@ PROBLEM_TYPES: dict[str, str] = {
     "storage-full": "The node's disk cannot take the write; nothing was published",
     "replay-incomplete": "The history could not be read whole from the network",
     "before-retention": "The topic's retention policy has cut the log before this position",
+    "consumer-not-found": "No consumer of that name on this topic at this node",
+    "consumer-exists": "A consumer of that name exists with other settings",
+    "consumer-limit": "The topic has as many consumers here as it may",
+    "invalid-consumer": "The consumer's settings are not acceptable",
     "internal": "Internal error",
 }
 """Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""

@@ -1,10 +1,10 @@
 """The REST API of one node: the aiohttp application and its lifecycle.
 
 ``ApiServer.start(node, ...)`` serves the routes of :mod:`api.topics`, :mod:`api.history`,
-:mod:`api.replay` and :mod:`api.node_info`, and the web page (:mod:`api.page`), behind the
-problem-document and bearer-token middlewares, with a request body limit, header and body
-read timeouts and connection caps (:class:`api.limits.ServerLimits`). It binds to 127.0.0.1
-unless told otherwise.
+:mod:`api.consumers`, :mod:`api.replay` and :mod:`api.node_info`, and the web page
+(:mod:`api.page`), behind the problem-document and bearer-token middlewares, with a request
+body limit, header and body read timeouts and connection caps
+(:class:`api.limits.ServerLimits`). It binds to 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 from aiohttp import web
 
 from pulsar import Node
+from pulsar.runtime.consumer_config import MAX_EXPIRES
 
-from . import history, node_info, page, replay, topics
+from . import consumers, history, node_info, page, replay, topics
 from .auth import auth_middleware, load_or_create_token
 from .common import LIMITS_KEY, NODE, json_response
 from .connections import ConnectionGuard, GuardedSite
@@ -31,17 +32,21 @@ LINGER_S = 1.0
 
 
 def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S,
-               max_body: int = MAX_BODY, limits: ServerLimits | None = None
-               ) -> web.Application:
+               max_body: int = MAX_BODY, limits: ServerLimits | None = None,
+               fetch_wait: float = MAX_EXPIRES) -> web.Application:
+    """The API's application; ``heartbeat`` is the SSE comment interval and ``fetch_wait``
+    the longest a consumer fetch waits (both shorter in tests)."""
     app = web.Application(
         middlewares=[problem_middleware, auth_middleware(token)], client_max_size=max_body
     )
     app[NODE] = node
     app[LIMITS_KEY] = limits or ServerLimits()
     app[history.HEARTBEAT_KEY] = heartbeat
+    app[consumers.FETCH_WAIT_KEY] = fetch_wait
     app[node_info.STARTED] = time.time()
     app.add_routes(topics.routes)
     app.add_routes(history.routes)
+    app.add_routes(consumers.routes)
     app.add_routes(replay.routes)
     app.add_routes(node_info.routes)
     app.add_routes(page.routes)
@@ -66,14 +71,15 @@ class ApiServer:
     @classmethod
     async def start(cls, node: Node, *, host: str = "127.0.0.1", port: int = 0,
                     token: str | None = None, data_dir: Path | None = None,
-                    heartbeat: float = history.HEARTBEAT_S, limits: ServerLimits | None = None
-                    ) -> ApiServer:
+                    heartbeat: float = history.HEARTBEAT_S, limits: ServerLimits | None = None,
+                    fetch_wait: float = MAX_EXPIRES) -> ApiServer:
         """``token`` given, or kept in ``data_dir`` (default: the node's data directory);
         ``limits`` default to :meth:`ServerLimits.from_env`."""
         if token is None:
             token = load_or_create_token(data_dir or node.config.data_dir)
         limits = limits or ServerLimits.from_env()
-        app = create_app(node, token, heartbeat=heartbeat, limits=limits)
+        app = create_app(node, token, heartbeat=heartbeat, limits=limits,
+                         fetch_wait=fetch_wait)
         # Open SSE streams end when the node stops; do not wait a minute for them.
         # keepalive_timeout is also the header timeout: aiohttp arms it when a connection
         # opens and closes the connection if no complete request head came by then.

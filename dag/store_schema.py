@@ -30,6 +30,12 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     log_cut       (topic, event) → delivered_at  delivery-log entries a retention policy cut
                                                  (schema 5), kept for a while so an event
                                                  met again is known as delivered
+    consumers     (topic, name) → config, delivered, counters
+                                                 durable named consumers of a topic's
+                                                 delivery log (schema 6): where each one is
+    consumer_pending (topic, name, seq) → count, due
+                                                 what a consumer handed out and was not
+                                                 acknowledged yet (schema 6)
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Final
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -64,6 +70,41 @@ _LOG_CUT: Final = """CREATE TABLE IF NOT EXISTS log_cut (
         PRIMARY KEY (topic, event)
     ) WITHOUT ROWID"""
 _LOG_CUT_INDEX: Final = "CREATE INDEX IF NOT EXISTS log_cut_time ON log_cut (delivered_at)"
+
+# Durable named consumers (pulsar.runtime.consumer_table). A consumer reads its topic's
+# delivery log in order: ``delivered`` is the last position it handed out, so what lies
+# beyond is its backlog, and ``consumer_pending`` holds the positions handed out and not
+# acknowledged, with how often each was delivered and when it is due again. ``config`` is
+# the consumer's settings as JSON (``ConsumerConfig.to_json``); the counters stay with the
+# row, so what a consumer reports survives a restart.
+_CONSUMERS: Final = """CREATE TABLE IF NOT EXISTS consumers (
+        topic        BLOB NOT NULL,
+        name         TEXT NOT NULL,
+        config       TEXT NOT NULL,
+        created_at   REAL NOT NULL,
+        start        INTEGER NOT NULL,
+        delivered    INTEGER NOT NULL,
+        paced_at     REAL,
+        paced_from   REAL,
+        redelivered  INTEGER NOT NULL DEFAULT 0,
+        terminated   INTEGER NOT NULL DEFAULT 0,
+        set_aside    INTEGER NOT NULL DEFAULT 0,
+        skipped      INTEGER NOT NULL DEFAULT 0,
+        skipped_from INTEGER,
+        skipped_to   INTEGER,
+        PRIMARY KEY (topic, name)
+    ) WITHOUT ROWID"""
+_CONSUMER_PENDING: Final = """CREATE TABLE IF NOT EXISTS consumer_pending (
+        topic BLOB NOT NULL,
+        name  TEXT NOT NULL,
+        seq   INTEGER NOT NULL,
+        count INTEGER NOT NULL CHECK (count > 0),
+        due   REAL NOT NULL,
+        PRIMARY KEY (topic, name, seq)
+    ) WITHOUT ROWID"""
+# Redeliveries and the sweep that sets exhausted entries aside look for what is due.
+_CONSUMER_PENDING_INDEX: Final = ("CREATE INDEX IF NOT EXISTS consumer_pending_due "
+                                  "ON consumer_pending (due)")
 
 # The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
 # cannot be inverted: this index maps each stored block's key back to its CID, so a node
@@ -140,6 +181,10 @@ _SCHEMA: Final = (
     _BLOCK_KEYS,
     _LOG_CUT,
     _LOG_CUT_INDEX,
+    # -- the node runtime's durable consumers (pulsar.runtime.consumer_table) --------------
+    _CONSUMERS,
+    _CONSUMER_PENDING,
+    _CONSUMER_PENDING_INDEX,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -159,10 +204,12 @@ _MIGRATIONS: Final = {
     ),
     # 4 -> 5: what retention cut from the delivery log.
     4: (_LOG_CUT, _LOG_CUT_INDEX, "PRAGMA user_version = 5"),
+    # 5 -> 6: durable named consumers.
+    5: (_CONSUMERS, _CONSUMER_PENDING, _CONSUMER_PENDING_INDEX, "PRAGMA user_version = 6"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
-     "topic_latest", "outbox", "block_keys", "log_cut"}
+     "topic_latest", "outbox", "block_keys", "log_cut", "consumers", "consumer_pending"}
 )
 
 

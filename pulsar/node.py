@@ -39,6 +39,7 @@ from .proto.core import TreeView
 from .proto.driven import Core
 from .runtime import topic_settings
 from .runtime.bootstrap import listen_both, retry_bootstrap
+from .runtime.consumers import Consumers
 from .runtime.delivery_log import DeliveryLog, LogEntry
 from .runtime.driver import Driver
 from .runtime.errors import (
@@ -58,10 +59,8 @@ from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 from .runtime.topics import Topics
 
-__all__ = [
-    "BeforeRetention", "EventNotFound", "LogEntry", "Node", "NotPersisted", "NotRecorded",
-    "PayloadTooLarge", "PublishError", "StorageFull", "TopicNotFound",
-]
+__all__ = ["BeforeRetention", "EventNotFound", "LogEntry", "Node", "NotPersisted",
+           "NotRecorded", "PayloadTooLarge", "PublishError", "StorageFull", "TopicNotFound"]
 
 
 class Node:
@@ -82,6 +81,7 @@ class Node:
         self.core: Core = self._driver.core
         self._topics = Topics(self._driver, store, self.state)
         self._log = DeliveryLog(self.state, self._driver.writes)
+        self.consumers = Consumers(store, self.state, self._log, self._topics.lineage, self._driver)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -113,6 +113,11 @@ class DeliveryLog:
             topic_cid, after_seq=after, limit=limit, descending=descending, before_seq=before
         )
 
+    @property
+    def stopped(self) -> bool:
+        """The node stops: waits end at once and the log is not read any more."""
+        return self._writes.stopped
+
     def position(self, topic_cid: CID, value: CID | int | float | None) -> int:
         """``Node.log_position``: a cursor for ``value``; 0 for None."""
         return self._position(topic_cid, value, 0) or 0

@@ -121,6 +121,8 @@ class Driver:
         self._faults = PeerFaults(config.peer_faults)
         self.rejections = 0
         """Inputs the core refused and frames that did not decode."""
+        self.counters: dict[str, int] = {}
+        """Counters of the runtime's other rooms (the durable consumers), in :meth:`metrics`."""
         self.ignored_frames = 0
         """Frames from banned peers, dropped unread."""
         self.stopped = False
@@ -199,7 +201,7 @@ class Driver:
         return {**self.core.counters(), "rejected_frames": self.rejections,
                 "storage_failures": self.writes.failures,
                 "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames,
-                "log_entries_pruned": self.retention.pruned}
+                "log_entries_pruned": self.retention.pruned, **self.counters}
 
     # ------------------------------------------------------------------ inputs
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -542,6 +543,167 @@ async def _peers(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _consumer_text(info: dict[str, Any]) -> str:
+    config = info["config"]
+    policy = config["deliver_policy"]
+    if isinstance(policy, dict):
+        policy = ", ".join(f"{k} {v}" for k, v in policy.items())
+    redelivery = (f"backoff {', '.join(f'{s:g}' for s in config['backoff'])} s"
+                  if config["backoff"] else f"ack wait {config['ack_wait']:g} s")
+    limit = "no limit" if config["max_deliver"] == -1 else f"at most {config['max_deliver']}"
+    skipped = info["num_skipped"]
+    if info["last_skipped"]:
+        first, last = info["last_skipped"]
+        skipped = f"{skipped} (retention; last {first}..{last})"
+    rows = [
+        ("consumer", f"{info['name']} of {info['topic']}"),
+        ("deliver", f"{policy}, replay {config['replay_policy']}"),
+        ("acks", f"{config['ack_policy']}, {redelivery}, deliveries {limit}, "
+                 f"{config['max_ack_pending']} unacknowledged at most"),
+        ("delivered", f"up to position {info['delivered']} (started after {info['start']})"),
+        ("ack floor", info["ack_floor"]),
+        ("pending", f"{info['num_pending']} not delivered yet, {info['num_ack_pending']} "
+                    f"unacknowledged ({info['num_redelivered']} redelivered)"),
+        ("redeliveries", info["redeliveries"]),
+        ("terminated", f"{info['num_terminated']} ({info['num_max_deliver_reached']} after "
+                       "max_deliver)"),
+        ("skipped", skipped),
+    ]
+    return "\n".join(f"{k + ':':<14}{v}" for k, v in rows)
+
+
+async def _consumer_add(client: Any, args: argparse.Namespace) -> int:
+    policy: Any = args.deliver
+    if args.start_seq is not None:
+        policy = {"start_seq": args.start_seq}
+    elif args.start_time is not None:
+        when: Any = args.start_time
+        if re.fullmatch(r"-?[0-9]+(\.[0-9]*)?", when):
+            when = float(when)  # seconds; anything else (RFC 3339) the node parses
+        policy = {"start_time": when}
+    info = await client.add_consumer(
+        args.cid, args.name, deliver_policy=policy, ack_policy=args.ack,
+        ack_wait=args.ack_wait, max_deliver=args.max_deliver, backoff=args.backoff,
+        replay_policy=args.replay, max_ack_pending=args.max_ack_pending)
+    _emit(args, info, _consumer_text(info))
+    return 0
+
+
+async def _consumer_info(client: Any, args: argparse.Namespace) -> int:
+    info = await client.consumer_info(args.cid, args.name)
+    _emit(args, info, _consumer_text(info))
+    return 0
+
+
+async def _consumer_ls(client: Any, args: argparse.Namespace) -> int:
+    infos = await client.consumers(args.cid)
+    if not infos and not args.json:
+        print("no consumers", file=sys.stderr)
+    for info in infos:
+        _emit(args, info, f"{info['name']:<24} delivered {info['delivered']:<8} "
+                          f"ack floor {info['ack_floor']:<8} pending {info['num_pending']:<8} "
+                          f"unacknowledged {info['num_ack_pending']}")
+    return 0
+
+
+async def _consumer_rm(client: Any, args: argparse.Namespace) -> int:
+    await client.delete_consumer(args.cid, args.name)
+    if not args.json:
+        print(f"deleted consumer {args.name}", file=sys.stderr)
+    return 0
+
+
+async def _consumer_next(client: Any, args: argparse.Namespace) -> int:
+    """Fetch, print and (unless --no-ack) acknowledge the next messages."""
+    messages = await client.fetch(args.cid, args.name, batch=args.count, expires=args.wait)
+    if not messages:
+        print(f"no message within {args.wait:g} s", file=sys.stderr)
+        return 0
+    for message in messages:
+        line = (f"#{message.id} (delivery {message.count}) {message.event['cid']} "
+                f"{_payload_text(message.event)}")
+        _emit(args, {**message.event, "delivery": {"id": message.id, "count": message.count}},
+              line)
+    if not args.no_ack:
+        await client.ack(args.cid, args.name, [m.id for m in messages])
+    return 0
+
+
+async def _consumer_ack(client: Any, args: argparse.Namespace) -> int:
+    kind = args.kind or "ack"
+    if args.delay is not None and kind != "nak":
+        print("pulsarcast: --delay goes with --nak", file=sys.stderr)
+        return 2
+    answer = await client.ack(args.cid, args.name, args.ids, kind=kind, delay=args.delay)
+    done = " ".join(str(i) for i in answer["done"]) or "-"
+    text = f"{kind}: {done}"
+    if answer["unknown"]:
+        text += f"; not pending: {' '.join(str(i) for i in answer['unknown'])}"
+    _emit(args, answer, text)
+    return 1 if answer["unknown"] else 0
+
+
+def _add_consumer_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    consumer = sub.add_parser("consumer", help="durable named consumers of a topic the node "
+                              "follows: acknowledgements and redelivery (REST API)")
+    commands = consumer.add_subparsers(dest="consumer_command", required=True)
+
+    def named(name: str, text: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(name, parents=[common],
+                                                              help=text)
+        parser.add_argument("cid", help="topic CID")
+        parser.add_argument("name", help="consumer name (letters, digits, _ and -)")
+        return parser
+
+    add = named("add", "make a consumer (again with the same settings: no change)")
+    start = add.add_mutually_exclusive_group()
+    start.add_argument("--deliver", choices=["all", "last", "new"], default=None,
+                       help="where it starts: the oldest event kept (default), the newest, "
+                       "only new ones")
+    start.add_argument("--start-seq", type=int, default=None, metavar="N",
+                       help="start at log position N")
+    start.add_argument("--start-time", default=None, metavar="TIME",
+                       help="start at the first event delivered at or after TIME (seconds "
+                       "since the epoch or RFC 3339)")
+    add.add_argument("--ack", choices=["explicit", "all", "none"], default=None,
+                     help="ack policy (default explicit)")
+    add.add_argument("--ack-wait", type=float, default=None, metavar="SECONDS",
+                     help="redeliver what is not acknowledged after this (default 30)")
+    add.add_argument("--max-deliver", type=int, default=None, metavar="N",
+                     help="set a message aside after N deliveries (default -1: never)")
+    add.add_argument("--backoff", type=float, nargs="+", default=None, metavar="SECONDS",
+                     help="waits before the 1st, 2nd, ... redelivery, instead of --ack-wait")
+    add.add_argument("--replay", choices=["instant", "original"], default=None,
+                     help="hand out the backlog at once (default) or at its logged pace")
+    add.add_argument("--max-ack-pending", type=int, default=None, metavar="N",
+                     help="unacknowledged messages it may hold (default 1000)")
+    add.set_defaults(handler=_api_command(_consumer_add))
+    named("info", "a consumer's settings, position and counters").set_defaults(
+        handler=_api_command(_consumer_info))
+    ls = commands.add_parser("ls", parents=[common], help="the consumers of a topic")
+    ls.add_argument("cid", help="topic CID")
+    ls.set_defaults(handler=_api_command(_consumer_ls))
+    named("rm", "delete a consumer").set_defaults(handler=_api_command(_consumer_rm))
+    nxt = named("next", "fetch, print and acknowledge the next messages")
+    nxt.add_argument("--count", type=int, default=1, help="at most this many (default 1)")
+    nxt.add_argument("--wait", type=float, default=5.0, metavar="SECONDS",
+                     help="wait this long for the first one (default 5, at most 300)")
+    nxt.add_argument("--no-ack", action="store_true",
+                     help="do not acknowledge them (they come again after the ack wait)")
+    nxt.set_defaults(handler=_api_command(_consumer_next))
+    ack = named("ack", "settle delivered messages by id (exit 1 if some were not pending)")
+    ack.add_argument("ids", type=int, nargs="+", metavar="ID", help="delivery ids")
+    kind = ack.add_mutually_exclusive_group()
+    for word, text in (("nak", "deliver them again (now, or after --delay)"),
+                       ("term", "never deliver them again"),
+                       ("progress", "still working: restart their ack wait")):
+        kind.add_argument(f"--{word}", dest="kind", action="store_const", const=word,
+                          help=text)
+    ack.add_argument("--delay", type=float, default=None, metavar="SECONDS",
+                     help="with --nak: wait this long before delivering them again")
+    ack.set_defaults(handler=_api_command(_consumer_ack))
+
+
 def _retention_args(parser: argparse.ArgumentParser) -> None:
     def positive(text: str) -> int:
         value = int(text)
@@ -626,6 +788,8 @@ def _add_api_commands(sub: Any) -> None:
     peers = sub.add_parser("peers", parents=[common], help="the node's routing contacts")
     peers.add_argument("-k", type=int, default=20, help="how many (default 20)")
     peers.set_defaults(handler=_api_command(_peers))
+
+    _add_consumer_commands(sub, common)
 
     doctor = sub.add_parser("doctor", parents=[common],
                             help="is the node reachable, connected and usable? (REST API)")

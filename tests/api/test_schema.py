@@ -9,8 +9,8 @@ history, subscribe and update reach the node rather than stopping at 400/404), a
 the bearer token, so the authenticated operations run too. Checked: no 5xx, and status
 codes, content types and bodies as documented, and that no schema-valid request is refused
 with a 4xx other than for what JSON Schema cannot state (see :data:`UNSTATABLE`). The SSE
-stream is left out: its body never ends. As many schema-*invalid* requests again must never
-get a 5xx either.
+streams (a topic's, a consumer's) are left out: their bodies never end. As many
+schema-*invalid* requests again must never get a 5xx either.
 
 ``PULSARCAST_SCHEMA_EXAMPLES=N`` raises the examples per strategy for a long run (see
 docs/api.md, "Conformance"); the default keeps this test to seconds.
@@ -42,6 +42,9 @@ from tests.node.conftest import Network
 
 MAX_EXAMPLES = int(os.environ.get("PULSARCAST_SCHEMA_EXAMPLES", "25"))
 TOKEN = "schema-test-token"
+CONSUMER = "schema"
+STREAMS = ["/v1/topics/{cid}/stream", "/v1/topics/{cid}/consumers/{name}/stream"]
+"""Left out: their bodies never end."""
 UNSTATABLE = [
     # A base32 string matches the CID pattern; whether it decodes to a CID (multibase,
     # version, codec, multihash) is more than a pattern says.
@@ -107,10 +110,14 @@ class LiveNode:
     async def _start(self) -> None:
         # Two nodes: a publish counts once another DHT node stored it (min_acks).
         self.node, _ = await self.net.start(2)
-        self.server = await ApiServer.start(self.node, token=TOKEN, heartbeat=0.2)
+        # A consumer fetch may wait up to 300 s by the document; here at most 0.5 s, so
+        # a generated fetch of an existing consumer answers within the request timeout.
+        self.server = await ApiServer.start(self.node, token=TOKEN, heartbeat=0.2,
+                                            fetch_wait=0.5)
         topic = await self.node.create_topic("schema")
         for i in range(5):
             event = await self.node.publish(topic.cid, f"event {i}".encode())
+        await self.node.consumers.add(topic.cid, {"name": CONSUMER})
         self.topic = str(topic.cid)
         self.event = str(event.cid)
 
@@ -157,8 +164,7 @@ def _runner(strategy: Any, case_checks: list[Any], examples: int, url: str,
 @pytest.mark.slow
 def test_every_operation_conforms_to_the_served_document(live: LiveNode) -> None:
     url = live.server.url
-    schema = schemathesis.openapi.from_url(f"{url}/v1/openapi.json").exclude(
-        path="/v1/topics/{cid}/stream")
+    schema = schemathesis.openapi.from_url(f"{url}/v1/openapi.json").exclude(path=STREAMS)
     headers = {"Authorization": f"Bearer {TOKEN}"}
     failures: list[str] = []
     operations = 0
@@ -170,10 +176,13 @@ def test_every_operation_conforms_to_the_served_document(live: LiveNode) -> None
                           (operation.as_strategy(GenerationMode.NEGATIVE), NEGATIVE_CHECKS)]
             if any(p.name == "cid" for p in operation.path_parameters):
                 real = live.event if operation.path.startswith("/v1/events/") else live.topic
+                aimed = {"cid": real}
+                if any(p.name == "name" for p in operation.path_parameters):
+                    aimed["name"] = CONSUMER  # a consumer that exists (until deleted)
                 for mode, mode_checks in ((GenerationMode.POSITIVE, CHECKS),
                                           (GenerationMode.NEGATIVE, NEGATIVE_CHECKS)):
                     strategies.append((operation.as_strategy(
-                        mode, path_parameters={"cid": real}), mode_checks))
+                        mode, path_parameters=aimed), mode_checks))
             for strategy, case_checks in strategies:
                 examples = MAX_EXAMPLES if case_checks is CHECKS else MAX_EXAMPLES // 2
                 check = _runner(strategy, case_checks, examples, url, session, headers)
