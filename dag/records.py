@@ -72,6 +72,9 @@ class HeadsRecord:
     created: str
     signature: bytes = field(repr=False)
     block: bytes = field(repr=False)
+    checkpoint: CID | None = None
+    """The newest checkpoint of the topic the publisher knows (the author's records name
+    it; :mod:`dag.checkpoints`): where a seek starts. Absent from the block when None."""
 
     @property
     def key(self) -> bytes:
@@ -88,6 +91,7 @@ class HeadsRecord:
         peers: Iterable[PeerId] = (),
         *,
         now: float | None = None,
+        checkpoint: CID | None = None,
     ) -> Self:
         """Sign a record; raises :class:`~dag.errors.SchemaError` beyond the limits."""
         unsigned: dict[str, Any] = {
@@ -100,6 +104,8 @@ class HeadsRecord:
             "peers": [p.raw for p in peers],
             "created": iso_timestamp(now),
         }
+        if checkpoint is not None:
+            unsigned["checkpoint"] = checkpoint
         unsigned["signature"] = identity.sign(encode(unsigned))
         return cls.from_block(encode(unsigned))
 
@@ -114,8 +120,9 @@ class HeadsRecord:
             wire = decode(block)
         except CodecError as exc:
             raise SchemaError(f"heads record is not DAG-CBOR: {exc}") from None
-        if not isinstance(wire, dict) or wire.keys() != _KEYS:
-            raise SchemaError(f"heads record must have exactly the keys {sorted(_KEYS)}")
+        if not isinstance(wire, dict) or wire.keys() - {"checkpoint"} != _KEYS:
+            raise SchemaError(f"heads record must have exactly the keys {sorted(_KEYS)} "
+                              "and may have checkpoint")
         if wire["t"] != RECORD_TYPE:
             raise SchemaError(f"heads record type must be {RECORD_TYPE!r}")
         topic = _link(wire["topic"], "topic")
@@ -143,7 +150,9 @@ class HeadsRecord:
         unsigned = encode({k: v for k, v in wire.items() if k != "signature"})
         if not publisher.verify(signature, unsigned):
             raise SignatureError("heads record signature does not verify")
-        return cls(topic, publisher, seq, version, links, peers, created, signature, block)
+        checkpoint = _link(wire["checkpoint"], "checkpoint") if "checkpoint" in wire else None
+        return cls(topic, publisher, seq, version, links, peers, created, signature, block,
+                   checkpoint)
 
 
 def _link(value: Any, what: str) -> CID:

@@ -36,6 +36,10 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     consumer_pending (topic, name, seq) → count, due
                                                  what a consumer handed out and was not
                                                  acknowledged yet (schema 6)
+    checkpoints   (topic, number) → count, last_ms, cid, log_seq, made_at
+                                                 the checkpoints this node made of the
+                                                 topics it authored (schema 7): what the
+                                                 next one links and where it starts
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Final
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -105,6 +109,20 @@ _CONSUMER_PENDING: Final = """CREATE TABLE IF NOT EXISTS consumer_pending (
 # Redeliveries and the sweep that sets exhausted entries aside look for what is due.
 _CONSUMER_PENDING_INDEX: Final = ("CREATE INDEX IF NOT EXISTS consumer_pending_due "
                                   "ON consumer_pending (due)")
+
+# The checkpoints an author made (dag.checkpoints): a new one links earlier ones by number
+# (its skips carry their count and last_ms), and starts after the log position the last
+# one ended at (log_seq).
+_CHECKPOINTS: Final = """CREATE TABLE IF NOT EXISTS checkpoints (
+        topic   BLOB NOT NULL,
+        number  INTEGER NOT NULL,
+        count   INTEGER NOT NULL,
+        last_ms INTEGER NOT NULL,
+        cid     BLOB NOT NULL,
+        log_seq INTEGER NOT NULL,
+        made_at REAL NOT NULL,
+        PRIMARY KEY (topic, number)
+    ) WITHOUT ROWID"""
 
 # The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
 # cannot be inverted: this index maps each stored block's key back to its CID, so a node
@@ -185,6 +203,7 @@ _SCHEMA: Final = (
     _CONSUMERS,
     _CONSUMER_PENDING,
     _CONSUMER_PENDING_INDEX,
+    _CHECKPOINTS,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -206,10 +225,13 @@ _MIGRATIONS: Final = {
     4: (_LOG_CUT, _LOG_CUT_INDEX, "PRAGMA user_version = 5"),
     # 5 -> 6: durable named consumers.
     5: (_CONSUMERS, _CONSUMER_PENDING, _CONSUMER_PENDING_INDEX, "PRAGMA user_version = 6"),
+    # 6 -> 7: the checkpoints an author made.
+    6: (_CHECKPOINTS, "PRAGMA user_version = 7"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
-     "topic_latest", "outbox", "block_keys", "log_cut", "consumers", "consumer_pending"}
+     "topic_latest", "outbox", "block_keys", "log_cut", "consumers", "consumer_pending",
+     "checkpoints"}
 )
 
 

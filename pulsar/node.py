@@ -54,7 +54,6 @@ from .runtime.errors import (
 )
 from .runtime.node_state import NodeState
 from .runtime.replay import replay_history
-from .runtime.retention import sweep_forever
 from .runtime.routing import DhtRouting
 from .runtime.subscription import Subscription
 from .runtime.topics import Topics
@@ -119,8 +118,7 @@ class Node:
             # Enter the membership overlay (its tick retries while no contact is known).
             node._driver.handle(ev.Start())
             node._topics.resume([*node.state.subscriptions(), *node._driver.writes.outbox])
-            node._driver.spawn(sweep_forever(node._driver.retention, node.state.subscriptions,
-                                             time.time))
+            node._driver.start_background(time.time)
             return node
         except BaseException:
             if node is not None:

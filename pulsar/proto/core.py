@@ -206,6 +206,9 @@ class PulsarCore:
             case ev.HistoryCut():
                 self.backfill.raise_horizon(event.topic, event.before)
                 out = []
+            case ev.CheckpointMade():
+                out = self.publisher.records.checkpoint(
+                    event.topic, self._trees.get(event.topic), event.checkpoint, now)
             case _:
                 assert_never(event)
         return self._after(out, now)
@@ -238,12 +241,9 @@ class PulsarCore:
         return None if t is None else self.publisher.parent_for(t)
 
     def counters(self) -> dict[str, int]:
-        """The counters of the tree core and its repair layers, in one dict. The layers'
-        names are their own; the core's that a layer also uses are renamed here, so that
-        neither hides the other: ``tree_duplicates`` (copies that came down the tree
-        again), ``inputs_rejected`` (inputs the core refused), while ``duplicates``,
-        ``rejected`` and ``delivered`` are the ordering layer's (what reached
-        applications)."""
+        """Every room's counters in one dict, by their own names but two: copies that came
+        down the tree again are ``tree_duplicates`` and inputs refused ``inputs_rejected``
+        (``duplicates``, ``rejected`` are the ordering layer's: what reached applications)."""
         flow = {k: v for k, v in self.flow.metrics.items() if k != "duplicates"}
         publishing = {**self.publisher.metrics, **self.publisher.records.metrics}
         publishing["store_quorum_failed"] += self.metrics["store_quorum_failed"]

@@ -61,6 +61,7 @@ __all__ = [
     "FetchRecords",
     "Flush",
     "HistoryCut",
+    "CheckpointMade",
     "GapReported",
     "InEvent",
     "KeepPublished",
@@ -284,6 +285,16 @@ class HistoryCut:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointMade:
+    """This node, the author, made (or had made before a restart) ``checkpoint``, the
+    newest checkpoint of ``topic`` (:mod:`dag.checkpoints`): its heads record names it
+    from now on, and is written at once so readers can seek."""
+
+    topic: CID
+    checkpoint: CID
+
+
+@dataclass(frozen=True, slots=True)
 class Start:
     """The node can reach the network (its DHT has contacts): enter the membership
     overlay. Until then the core keeps no neighbours of its own."""
@@ -306,6 +317,7 @@ InEvent = (
     | Flush
     | Start
     | HistoryCut
+    | CheckpointMade
 )
 
 

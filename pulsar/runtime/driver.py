@@ -20,10 +20,19 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Final, assert_never
 
-from dag import CID, BlockStore, EventDescriptor, Identity, PeerId, Retention
+from dag import (
+    CID,
+    BlockStore,
+    EventDescriptor,
+    Identity,
+    InvalidDescriptor,
+    PeerId,
+    Retention,
+    TopicDescriptor,
+)
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 from pulsar.proto.codec import decode_message, encode_message
@@ -37,12 +46,13 @@ from ..proto import events as ev
 from ..proto.core import PulsarCore
 from ..proto.driven import Core
 from ..proto.timers import Timer
+from .checkpoints import CheckpointMaker
 from .errors import NotPersisted, NotRecorded, PublishError
 from .node_config import NodeConfig
 from .node_state import NodeState
 from .payloads import Payloads
 from .peer_faults import PeerFaults
-from .retention import LogRetention
+from .retention import LogRetention, sweep_forever
 from .routing import DhtRouting
 from .subscription import Subscription
 from .writes import WriteBehind
@@ -85,6 +95,7 @@ class Driver:
         routing: DhtRouting,
     ) -> None:
         self._config = config
+        self._me = identity.peer_id
         self._state = state
         self._dht = dht
         self._transport = transport
@@ -110,6 +121,10 @@ class Driver:
                 is_delivered=state.log_contains,
             )
         self.payloads = Payloads(config, store, dht, self.writes, self.spawn)
+        self.checkpoints = CheckpointMaker(
+            identity, state, store, dht, self._authored, self._checkpoint_made,
+            every=config.checkpoint_every, interval=config.checkpoint_interval,
+            quorum=max(1, config.core.min_acks) if config.core.min_acks else 0)
         self.subscriptions: dict[CID, list[Subscription]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self._record_writes: set[asyncio.Task[Any]] = set()
@@ -148,6 +163,33 @@ class Driver:
             return await future
         finally:
             self._waiting.pop(request, None)
+
+    def start_background(self, clock: Callable[[], float]) -> None:
+        """The node's own upkeep: retention sweeps, and checkpoints of the topics it
+        authored (told to the core first, so its heads records name them again)."""
+        self.spawn(sweep_forever(self.retention, self._state.subscriptions, clock))
+        if self._config.protocol == "pulsarcast":
+            self.checkpoints.announce()
+            self.spawn(self.checkpoints.run_forever(clock))
+
+    def _authored(self) -> list[CID]:
+        """The topics this node follows and authored (read from the store at start-up,
+        before the core has them back)."""
+        authored = []
+        for topic in self._state.subscriptions():
+            first = self.core.topic(topic)
+            if first is None:
+                block = self.writes.local_block(topic)
+                try:
+                    first = None if block is None else TopicDescriptor.from_block(block, topic)
+                except InvalidDescriptor:
+                    continue
+            if first is not None and first.author == self._me and not first.is_meta:
+                authored.append(topic)
+        return authored
+
+    def _checkpoint_made(self, topic: CID, checkpoint: CID) -> None:
+        self._handle_unless_stopped(ev.CheckpointMade(topic, checkpoint))
 
     def _history_cut(self, topic: CID, before: float) -> None:
         self._loop.call_soon(self._handle_unless_stopped, ev.HistoryCut(topic, before))
@@ -201,7 +243,9 @@ class Driver:
         return {**self.core.counters(), "rejected_frames": self.rejections,
                 "storage_failures": self.writes.failures,
                 "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames,
-                "log_entries_pruned": self.retention.pruned, **self.counters}
+                "log_entries_pruned": self.retention.pruned,
+                "checkpoints_made": self.checkpoints.made,
+                "checkpoint_stores_failed": self.checkpoints.failed, **self.counters}
 
     # ------------------------------------------------------------------ inputs
 

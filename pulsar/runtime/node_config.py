@@ -53,6 +53,12 @@ class NodeConfig:
     background)."""
     peer_faults: FaultConfig = field(default_factory=FaultConfig)
     """Misbehaviour scores, bans and the rate of fault log lines."""
+    checkpoint_every: int = 1000
+    """The author of a topic checkpoints its history every this many events
+    (:mod:`pulsar.runtime.checkpoints`): a seek reads ``log2(events / checkpoint_every)``
+    checkpoints, and a segment's index is one block up to 256 events, two up to 65,536."""
+    checkpoint_interval: float = 600.0
+    """...or this many seconds after the last checkpoint, if an event came since."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -63,3 +69,5 @@ class NodeConfig:
                              f"not {self.protocol!r}")
         if not 0 < self.inline_limit <= 6144:
             raise ValueError("inline_limit must be in 1..6144 bytes")
+        if self.checkpoint_every < 1 or not self.checkpoint_interval > 0:
+            raise ValueError("checkpoint_every must be >= 1 and checkpoint_interval > 0")

@@ -23,11 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, Protocol
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, TopicDescriptor
+from dag.checkpoints import (
+    Checkpoint,
+    entries_from,
+    fetch_checkpoint,
+    find_segment,
+    seek_in_segment,
+)
 from dag.descriptors import parse_timestamp
 from dag.event_links import event_links
 from dag.history import causal_order
@@ -95,11 +103,25 @@ async def replay_history(
     versions.add(first)
     for version in later:
         versions.add(version)
-    heads = await _discover(node, first, versions)
+    heads, checkpoint = await _discover(node, first, versions)
     if not heads and not partial and node.dht.routing_size()[0] == 0:
         # No record found may mean an empty topic, or a node that reached nobody.
         raise ReplayIncomplete("this node has no DHT contacts: the topic's heads records "
                                "could not be read", [], 0)
+    if checkpoint is not None and isinstance(since, float | int) and not isinstance(until, CID):
+        # The author's checkpoints reach the start in log2 fetches, and the history streams
+        # from there: no walk back through everything after ``since``.
+        stream = _from_checkpoints(node, first, versions, checkpoint, heads, float(since),
+                                   partial)
+        count = 0
+        async for event in stream:
+            if until is not None and event.created_at >= float(until):
+                continue
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            yield event
+        return
     if isinstance(until, CID):
         heads = [until]
     missing: list[CID] = []
@@ -120,11 +142,13 @@ async def replay_history(
 
 
 async def _discover(node: ReplaySource, first: TopicDescriptor,
-                    versions: TopicVersions) -> list[CID]:
+                    versions: TopicVersions) -> tuple[list[CID], CID | None]:
     """The heads named by the records of the author and the allowed publishers (then of
-    the publishers those records name); the versions they name are learned on the way."""
+    the publishers those records name), and the newest checkpoint the author's record
+    names; the versions they name are learned on the way."""
     asked: set[PeerId] = set()
     heads: dict[CID, None] = {}
+    checkpoint: CID | None = None
     latest = versions.latest(first.cid) or first
     wanted = [first.author]
     if latest.allowed_publishers.enabled:
@@ -142,7 +166,9 @@ async def _discover(node: ReplaySource, first: TopicDescriptor,
             await _learn_version(node, versions, record.version)
             heads.update(dict.fromkeys(record.heads))
             wanted += [p for p in record.peers if p not in asked]
-    return list(heads)
+            if record.publisher == first.author and record.checkpoint is not None:
+                checkpoint = record.checkpoint
+    return list(heads), checkpoint
 
 
 async def _record(node: ReplaySource, topic: CID, publisher: PeerId) -> HeadsRecord | None:
@@ -176,6 +202,7 @@ async def _walk(
     heads: list[CID],
     since: CID | float | None,
     missing: list[CID],
+    stop: frozenset[CID] = frozenset(),
 ) -> list[EventDescriptor]:
     """Walk parent and merge links back from ``heads``. A block's links are read (without the
     signature check) as soon as the block arrives, and its fetch starts before the block
@@ -195,7 +222,7 @@ async def _walk(
                 return None
 
     def want(cid: CID) -> None:
-        if cid != since and cid not in wanted:
+        if cid != since and cid not in wanted and cid not in stop:
             wanted.add(cid)
             fetching[cid] = asyncio.ensure_future(block_of(cid))
             order.append(cid)
@@ -284,3 +311,94 @@ async def _verified(node: ReplaySource, first: TopicDescriptor, versions: TopicV
             log.warning("replay of %s: %s", first.cid, problem)
         return None
     return event
+
+
+async def _from_checkpoints(
+    node: ReplaySource, first: TopicDescriptor, versions: TopicVersions, newest: CID,
+    heads: list[CID], since: float, partial: bool,
+) -> AsyncIterator[EventDescriptor]:
+    """The history from the first event created at or after ``since``, streamed: the
+    segment that holds it is found through the author's checkpoints (``log2`` fetches,
+    and as many to reach each next segment), each segment's events come in its order (the
+    author's delivery order: parents first), fetched :data:`CONCURRENCY` ahead; then the
+    events after the newest checkpoint,
+    walked back from the heads down to it. Memory holds one segment's index path, the
+    fetches in flight and that tail, whatever the history's length.
+
+    The author signed every CID its checkpoints cover, so they are vouched for as a
+    version's recorded heads are (a revoked publisher's events among them are history).
+    The tail walk stops at the newest checkpoint's heads and segment and at events created
+    before that segment began: an event delivered to the author after the checkpoint but
+    created earlier than that (a long partition healing) is found once the next
+    checkpoint covers it."""
+    async def get(cid: CID) -> bytes | None:
+        try:
+            return await node.dht.get(cid)
+        except (BlockNotFound, TimeoutError):
+            return None
+
+    author = first.author
+    latest = await fetch_checkpoint(get, newest, author, first.cid)
+    at_ms = max(0, math.ceil(since * 1000))
+    start = await find_segment(get, latest, author, at_ms=at_ms)
+    checkpoint = start
+    offset = 0 if start is None else await seek_in_segment(get, start, at_ms=at_ms)
+    while checkpoint is not None:
+        async for event in _segment_events(node, first, versions, checkpoint, offset, get,
+                                           partial):
+            yield event
+        if checkpoint.number == latest.number:
+            break
+        # The next segment: found from the newest checkpoint by position, log2 fetches.
+        checkpoint = await find_segment(get, latest, author, position=checkpoint.count + 1)
+        offset = 0
+    tail_stop = set(latest.heads)
+    async for _, cid in entries_from(get, latest):
+        tail_stop.add(cid)
+    missing: list[CID] = []
+    tail = await _walk(node, first, versions, heads, float(latest.first_ms) / 1000, missing,
+                       frozenset(tail_stop))
+    if missing and not partial:
+        raise ReplayIncomplete(
+            f"{len(missing)} event(s) after the newest checkpoint could not be fetched "
+            f"(first: {missing[0]})", missing, len(tail))
+    for event in causal_order(tail):
+        if event.cid not in tail_stop and event.created_at >= since:
+            yield event
+
+
+async def _segment_events(
+    node: ReplaySource, first: TopicDescriptor, versions: TopicVersions,
+    checkpoint: Checkpoint, offset: int, get: Callable[[CID], Awaitable[bytes | None]],
+    partial: bool,
+) -> AsyncIterator[EventDescriptor]:
+    """One segment's events from ``offset``, in order, verified, up to CONCURRENCY ahead."""
+    window: deque[tuple[CID, asyncio.Task[bytes | None]]] = deque()
+    entries = entries_from(get, checkpoint, offset)
+    done = False
+    try:
+        while True:
+            while not done and len(window) < CONCURRENCY:
+                try:
+                    _, cid = await anext(entries)
+                except StopAsyncIteration:
+                    done = True
+                    break
+                window.append((cid, asyncio.ensure_future(get(cid))))
+            if not window:
+                return
+            cid, task = window.popleft()
+            block = await task
+            if block is None:
+                if not partial:
+                    raise ReplayIncomplete(f"event {cid} of checkpoint {checkpoint.number} "
+                                           "could not be fetched", [cid], 0)
+                log.warning("replay of %s: event %s not found", first.cid, cid)
+                continue
+            versions.vouch(first.cid, cid)
+            event = await _verified(node, first, versions, cid, block, {})
+            if event is not None:
+                yield event
+    finally:
+        for _, task in window:
+            task.cancel()

@@ -93,6 +93,11 @@ def _bench(args: argparse.Namespace) -> int:
                               mbps=args.mbps, link_ms=args.link_ms, seed=args.seed,
                               interval=args.seconds or 4.0))
         return 0
+    if args.name == "seek":
+        from pulsar.tools.bench.seek import bench_seek
+
+        _print_json(bench_seek(events=args.events or 1_000_000, seed=args.seed))
+        return 0
     if args.name == "large":
         from pulsar.tools.bench.large import bench_large
 
@@ -109,8 +114,8 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish", "spark",
-                 "topics", "tree", "transport"],
+        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish", "seek",
+                 "spark", "topics", "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")

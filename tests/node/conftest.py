@@ -45,6 +45,7 @@ class Network:
         self.root = root
         self.nodes: list[Node] = []
         self.drop_rate = 0.0
+        self.checkpoint_every = 1000  # NodeConfig's default
 
     def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
         faults = FaultInjector(seed=index, drop_rate=self.drop_rate) if self.drop_rate else None
@@ -55,6 +56,7 @@ class Network:
             dht=FAST_DHT,
             transport=FAST_TRANSPORT,
             faults=faults,
+            checkpoint_every=self.checkpoint_every,
         )
 
     async def start(self, count: int) -> list[Node]:

@@ -126,7 +126,7 @@ class FloodCore:
             case ev.DhtStored():
                 return self._on_stored(event, now)
             case (ev.RecordsFetched() | ev.RecordStored() | ev.Flush() | ev.Start()
-                  | ev.HistoryCut()):
+                  | ev.HistoryCut() | ev.CheckpointMade()):
                 return []  # floodsub keeps no heads records and no overlay of its own
             case ev.Subscribe():
                 return self._on_subscribe(event, now)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dag import Identity
+from dag import CID, Identity
 from dag.records import MAX_RECORD_HEADS, MAX_RECORD_PEERS, HeadsRecord
 from pulsar.proto.repair.backfill import Backfill
 from pulsar.proto.tree.routing import Tree
@@ -49,6 +49,8 @@ class RecordWriter:
         self.backfill = backfill
         self._stores = stores
         self.metrics: dict[str, int] = {"records_written": 0, "record_quorum_failed": 0}
+        self._checkpoints: dict[CID, CID] = {}
+        """The newest checkpoint of each topic we authored (our records name it)."""
 
     def acks_wait(self, tree: Tree) -> bool:
         """Whether a publish on ``tree`` is acknowledged only once a heads record naming
@@ -87,6 +89,15 @@ class RecordWriter:
             delay = 0.0 if tree.record_waiters else self.config.record_delay
             out += self.arm(tree, delay, now)
         return out
+
+    def checkpoint(self, topic: CID, tree: Tree | None, checkpoint: CID, now: float) -> Out:
+        """We made ``checkpoint`` of ``topic`` (or made it before a restart, and the tree
+        is not joined yet): our heads records name it from now on, and the next is written
+        at once so that a reader seeks from it."""
+        if self._checkpoints.get(topic) == checkpoint:
+            return []
+        self._checkpoints[topic] = checkpoint
+        return [] if tree is None else self.arm(tree, 0.0, now)
 
     def arm(self, tree: Tree, delay: float, now: float) -> Out:
         """Write the heads record ``delay`` from ``now``, unless one is due sooner: a
@@ -136,6 +147,7 @@ class RecordWriter:
             tuple(heads[-MAX_RECORD_HEADS:]),
             peers,
             now=now,
+            checkpoint=self._checkpoints.get(tree.topic.cid),
         )
         self.metrics["records_written"] += 1
         waiters = tree.record_waiters

@@ -1,0 +1,122 @@
+"""An author checkpoints its topic; a reader holding only the topic's CID seeks to a
+time through the checkpoints and streams the history from there. Real nodes (UDP DHT,
+TCP transport, SQLite) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+import api.replay
+from api.server import ApiServer
+from dag.checkpoints import fetch_checkpoint, find_segment
+from pulsar import Node
+from tests.waiting import eventually
+
+from .conftest import Network, collect
+
+
+async def test_a_reader_seeks_through_the_authors_checkpoints(network: Network) -> None:
+    network.checkpoint_every = 5
+    nodes = await network.start(6)
+    author, reader = nodes[0], nodes[5]
+    topic = await author.create_topic("checkpointed")
+    sub = await author.subscribe(topic.cid)
+    published = []
+    for i in range(23):
+        published.append(await author.publish(topic.cid, b"event %d" % i))
+        await asyncio.sleep(0.002)  # distinct created milliseconds, to seek between
+    await collect(sub, 23)
+    # Four checkpoints of five events; the last three wait for the next one (or the
+    # interval). The author's heads record names the newest.
+    await eventually(lambda: author.metrics["checkpoints_made"] == 4, timeout=15)
+    newest = author._driver.checkpoints.table.last(topic.cid)
+    assert newest is not None and newest.number == 4 and newest.count == 20
+
+    async def record_names_it() -> bool:
+        record = await reader.dht.get_record(topic.cid, author.peer_id)
+        return record is not None and record.checkpoint == newest.cid
+
+    await eventually(record_names_it, timeout=15)
+
+    async def get(cid):  # type: ignore[no-untyped-def]
+        return await reader.dht.get(cid)
+
+    latest = await fetch_checkpoint(get, newest.cid, author.peer_id, topic.cid)
+    for i in (0, 7, 12, 19):  # the segment of each event, found by its time
+        at_ms = round(published[i].created_at * 1000)
+        found = await find_segment(get, latest, author.peer_id, at_ms=at_ms)
+        assert found is not None and found.number == i // 5 + 1
+
+    # The replay from a time streams through the checkpoints, then the three events
+    # after the newest, exactly what was published from there on.
+    for i in (0, 6, 18, 21):
+        since = published[i].created_at
+        got = [e.cid async for e in reader.replay(topic.cid, since=since)]
+        assert got == [e.cid for e in published[i:]]
+    assert [e.cid async for e in reader.replay(topic.cid, since=published[-1].created_at + 1)
+            ] == []
+
+
+async def test_a_restarted_author_names_its_checkpoint_again(network: Network) -> None:
+    network.checkpoint_every = 3
+    nodes = await network.start(5)
+    author = nodes[0]
+    topic = await author.create_topic("restarted")
+    sub = await author.subscribe(topic.cid)
+    for i in range(7):
+        await author.publish(topic.cid, b"%d" % i)
+    await collect(sub, 7)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 2, timeout=15)
+    second = author._driver.checkpoints.table.last(topic.cid)
+    assert second is not None
+    author = await network.restart(author)
+    await eventually(lambda: author.core.tree(topic.cid) is not None, timeout=10)
+    observer = nodes[2]
+    before = await observer.dht.get_record(topic.cid, author.peer_id)
+    assert before is not None and before.checkpoint == second.cid
+    # A publish is acknowledged once a record naming it is stored: that new record still
+    # names the checkpoint made before the restart.
+    await author.publish(topic.cid, b"after 0")
+    after = await observer.dht.get_record(topic.cid, author.peer_id)
+    assert after is not None and after.seq > before.seq and after.checkpoint == second.cid
+    await author.publish(topic.cid, b"after 1")
+    await eventually(lambda: author.metrics["checkpoints_made"] == 1, timeout=15)
+    third = author._driver.checkpoints.table.last(topic.cid)
+    assert third is not None and third.number == 3 and third.count == 9
+    reader: Node = nodes[3]
+    got = [e async for e in reader.replay(topic.cid, since=0.0)]
+    assert len(got) == 9
+
+
+async def test_the_rest_replay_streams_a_long_history_from_a_time(
+    network: Network, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past its first STREAM_AFTER events the REST replay writes events as it reads them
+    (made 3 here): the answer is the same history, whole and in order."""
+    monkeypatch.setattr(api.replay, "STREAM_AFTER", 3)
+    network.checkpoint_every = 4
+    nodes = await network.start(5)
+    author, reader = nodes[0], nodes[4]
+    topic = await author.create_topic("streamed")
+    sub = await author.subscribe(topic.cid)
+    published = []
+    for i in range(13):
+        published.append(await author.publish(topic.cid, b"%d" % i))
+        await asyncio.sleep(0.002)
+    await collect(sub, 13)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 3, timeout=15)
+    server = await ApiServer.start(reader)
+    try:
+        async with aiohttp.ClientSession() as http:
+            since = published[2].created_at
+            async with http.get(f"{server.url}/v1/topics/{topic.cid}/replay",
+                                params={"since": str(since)}) as answer:
+                assert answer.status == 200
+                lines = [json.loads(line) for line in (await answer.text()).splitlines()]
+    finally:
+        await server.stop()
+    assert [line["cid"] for line in lines] == [str(e.cid) for e in published[2:]]
