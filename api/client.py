@@ -213,6 +213,16 @@ class PulsarcastClient(_ClientStreams):
         result: Json = await self._call("GET", self._consumer_path(topic, name))
         return result
 
+    async def commit_consumer(self, topic: str, name: str, through: int) -> Json:
+        """Settle every log position up to ``through`` on the ``ack_policy=all`` consumer
+        ``name``, handed out or not, and answer its info: for a reader that reads the log
+        itself by position and says where it got to (the Spark source does). A position it
+        settled already changes nothing; :class:`ApiError` ``commit-refused`` for another
+        ack policy or a position beyond the log."""
+        result: Json = await self._call("POST", self._consumer_path(topic, name) + "/commit",
+                                        body={"through": int(through)})
+        return result
+
     async def consumers(self, topic: str) -> list[Json]:
         """The info of every consumer of ``topic`` at the node."""
         answer = await self._call("GET", f"/v1/topics/{self._cid(topic)}/consumers")
@@ -360,6 +370,9 @@ class Client:
 
     def consumer_info(self, topic: str, name: str) -> Json:
         return self._run(self.api.consumer_info(topic, name))
+
+    def commit_consumer(self, topic: str, name: str, through: int) -> Json:
+        return self._run(self.api.commit_consumer(topic, name, through))
 
     def consumers(self, topic: str) -> list[Json]:
         return self._run(self.api.consumers(topic))

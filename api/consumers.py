@@ -4,9 +4,11 @@ A consumer (:mod:`pulsar.runtime.consumers`) reads the topic's delivery log at t
 and keeps its place; what it hands out must be acknowledged (per its ``ack_policy``) or it
 is delivered again. Pull with ``POST .../fetch`` (a long poll: it answers as soon as there
 is a message, or when ``expires`` has passed), push with ``GET .../stream`` (Server-Sent
-Events), settle with ``POST .../ack``. Every answer that hands out or settles messages is
-sent after the consumer's state is committed to the node's SQLite file, so a client that
-saw its acknowledgement answered never sees that message again, even across a crash.
+Events), settle with ``POST .../ack`` (or, for a reader that reads the log itself by
+position, with ``POST .../commit``: every position up to one at once). Every answer that
+hands out or settles messages is sent after the consumer's state is committed to the
+node's SQLite file, so a client that saw its acknowledgement answered never sees that
+message again, even across a crash.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pulsar import Node, TopicNotFound
 from pulsar.runtime.consumer_config import (
     MAX_BATCH,
     MAX_EXPIRES,
+    MAX_SEQ,
+    CommitRefused,
     ConsumerConfig,
     ConsumerConfigError,
     ConsumerExists,
@@ -52,6 +56,7 @@ _CONFIG_FIELDS = frozenset({"name", "deliver_policy", "ack_policy", "ack_wait", 
                             "backoff", "replay_policy", "max_ack_pending"})
 _FETCH_FIELDS = frozenset({"batch", "expires"})
 _ACK_FIELDS = frozenset({"ids", "kind", "delay"})
+_COMMIT_FIELDS = frozenset({"through"})
 _BASE = "/v1/topics/{cid}/consumers"
 
 
@@ -69,6 +74,8 @@ def _problems() -> Iterator[None]:
         raise Problem(409, "consumer-exists", str(exc)) from None
     except ConsumerLimit as exc:
         raise Problem(409, "consumer-limit", str(exc)) from None
+    except CommitRefused as exc:
+        raise Problem(409, "commit-refused", str(exc)) from None
     except ConsumerConfigError as exc:
         raise Problem(422, "invalid-consumer", str(exc)) from None
 
@@ -213,6 +220,23 @@ async def ack(request: web.Request) -> web.Response:
             raise Problem(400, "invalid-field", str(exc)) from None
     return json_response({"kind": result.kind, "done": list(result.done),
                           "unknown": list(result.unknown)})
+
+
+@routes.post(_BASE + "/{name}/commit")
+async def commit(request: web.Request) -> web.Response:
+    """``{"through": n}``: settle every log position up to ``n``, handed out or not (an
+    ``ack_policy=all`` consumer read by position, as a Spark query reads); answers the
+    consumer's info."""
+    node, topic = await _root(request)
+    name = _name(request)
+    body = await json_body(request)
+    check_fields(body, _COMMIT_FIELDS)
+    if "through" not in body:
+        raise Problem(400, "invalid-field", "through (a log position) is required")
+    through = _number(body, "through", 1, 1, MAX_SEQ, integer=True)
+    with _problems():
+        described = await node.consumers.commit(topic, name, through)
+    return json_response(consumer_json(described))
 
 
 @routes.get(_BASE + "/{name}/stream")

@@ -178,6 +178,12 @@ def _consumer_schemas() -> dict[str, Any]:
                                                     "many seconds"}},
             "anyOf": [{"required": ["kind"], "properties": {"kind": {"const": "nak"}}},
                       {"not": {"required": ["delay"]}}]},
+        "CommitRequest": {
+            "type": "object", "required": ["through"], "additionalProperties": False,
+            "properties": {"through": {
+                "type": "integer", "minimum": 1, "maximum": consumer.MAX_SEQ,
+                "description": "settle every log position up to this one, handed out or not "
+                               "(ack_policy all only; at most the log's last position)"}}},
         "AckAnswer": {"type": "object", "required": ["kind", "done", "unknown"],
                       "properties": {"kind": {"enum": list(consumer.ACK_KINDS)},
                                      "done": {"type": "array", "items": {"type": "integer"}},
@@ -218,6 +224,10 @@ def _consumer_paths() -> dict[str, Any]:
             "Settle delivered messages: ack, nak (optionally after a delay), term, progress", {
                 "200": _json(_ref("AckAnswer"), "what it applied to, and the ids not "
                              "pending")}, params=named, body=_ref("AckRequest"), auth=True)},
+        base + "/{name}/commit": {"post": _op(
+            "Settle every log position up to one, handed out or not (a reader by position)", {
+                "200": _json(_ref("ConsumerInfo"), "the consumer afterwards"),
+                "409": _PROBLEM}, params=named, body=_ref("CommitRequest"), auth=True)},
         base + "/{name}/stream": {"get": _op("Push: messages as Server-Sent Events", {
             "200": {"description": "an event stream; id: is the delivery id, each event a "
                                    "message, data its JSON",

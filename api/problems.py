@@ -48,6 +48,7 @@ PROBLEM_TYPES: dict[str, str] = {
     "consumer-exists": "A consumer of that name exists with other settings",
     "consumer-limit": "The topic has as many consumers here as it may",
     "invalid-consumer": "The consumer's settings are not acceptable",
+    "commit-refused": "The consumer cannot take this commit",
     "internal": "Internal error",
 }
 """Slug -> title of every problem type the API uses (also listed in the OpenAPI document)."""

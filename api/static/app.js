@@ -1,4 +1,7 @@
 // The node's web page: reads the REST API this page was served by, and nothing else.
+// It shows the node, its topics, trees, peers, metrics, live events and a topic's durable
+// consumers, refreshed every two seconds; forms publish, subscribe and add or delete a
+// consumer with the token the user gives.
 //
 // Every value from the API (topic names, payloads, peer ids) came off the network, so it
 // only ever becomes text (textContent, createTextNode), never markup. The token the user
@@ -12,6 +15,7 @@
   const RECENT_EVENTS = 20;       // history shown when a topic is first watched
   const MAX_ROWS = 200;           // events kept on the page
   const REOPEN_MS = 1000;         // wait before reopening a stream the browser gave up
+  const ARM_MS = 5000;            // a delete button asks again for this long
 
   const state = {
     token: "",
@@ -21,6 +25,8 @@
     started: null,                // when the node's API started (seconds, node's clock)
     restarted: null,              // when the page last saw the node restart
     live: null,                   // {cid, lastSeq, source, timer}
+    armed: null,                  // {cid, name, until}: a consumer's delete asked to confirm
+    consumersShown: "",           // what the consumer table shows, to rebuild it on change only
   };
 
   const $ = (id) => document.getElementById(id);
@@ -123,7 +129,8 @@
     return response.json();
   }
 
-  async function send(method, path, body) {
+  // A state-changing call, with the token if the user gave one: [status, answer].
+  async function request(method, path, body) {
     const headers = {};
     if (state.token) headers.Authorization = `Bearer ${state.token}`;
     const init = { method, headers, cache: "no-store" };
@@ -133,7 +140,11 @@
     }
     const response = await fetch(path, init);
     if (!response.ok) throw await problemOf(response);
-    return response.status === 204 ? null : response.json();
+    return [response.status, response.status === 204 ? null : await response.json()];
+  }
+
+  async function send(method, path, body) {
+    return (await request(method, path, body))[1];
   }
 
   const topicPath = (cid) => encodeURIComponent(cid);
@@ -249,6 +260,7 @@
     }));
     fillTopicSelect($("publish-topic"), cids);
     fillTopicSelect($("live-topic"), [...state.subscriptions.keys()]);
+    fillTopicSelect($("consumer-topic"), [...state.subscriptions.keys()]);
   }
 
   function fillTopicSelect(select, cids) {
@@ -288,6 +300,141 @@
           el("dd", { "data-role": role }, peerList(tree[role], tree.rtt))])))));
   }
 
+  // ---------------------------------------------------------------- durable consumers
+
+  function deliverText(policy) {
+    if (typeof policy === "string") return policy;
+    if (policy && "start_seq" in policy) return `from #${policy.start_seq}`;
+    if (policy && "start_time" in policy) {
+      return `from ${new Date(policy.start_time * 1000).toLocaleString()}`;
+    }
+    return "?";
+  }
+
+  function ackText(config) {
+    if (config.ack_policy === "none") return "ack none";
+    const parts = [`ack ${config.ack_policy}`, `wait ${config.ack_wait} s`];
+    if (config.max_deliver !== -1) parts.push(`max ${config.max_deliver} deliveries`);
+    return parts.join(", ");
+  }
+
+  // A counter's cell; ``warning`` (a reason, or null) marks what an operator should see.
+  function counterCell(field, value, warning) {
+    const cell = el("td", { class: "number", "data-field": field, title: warning }, value);
+    if (warning) cell.dataset.state = "warn";
+    return cell;
+  }
+
+  function isArmed(cid, name) {
+    const armed = state.armed;
+    return armed !== null && armed.cid === cid && armed.name === name && Date.now() < armed.until;
+  }
+
+  function deleteButton(cid, name) {
+    const armed = isArmed(cid, name);
+    const button = el("button", { type: "button", class: armed ? "small danger" : "small",
+      "data-action": "delete" }, armed ? "really delete?" : "delete");
+    button.addEventListener("click", () => {
+      if (isArmed(cid, name)) {
+        state.armed = null;
+        deleteConsumer(cid, name);
+        return;
+      }
+      // Deleting drops the consumer's place and what it had pending: ask once more.
+      state.armed = { cid, name, until: Date.now() + ARM_MS };
+      button.textContent = "really delete?";
+      button.classList.add("danger");
+    });
+    return button;
+  }
+
+  function consumerRow(cid, c) {
+    const config = c.config;
+    const full = c.num_ack_pending >= config.max_ack_pending
+      ? "at max_ack_pending: nothing more is handed out until some are acknowledged" : null;
+    const setAside = c.num_max_deliver_reached > 0
+      ? `${c.num_max_deliver_reached} set aside after max_deliver deliveries` : null;
+    const skipped = c.num_skipped > 0
+      ? `retention cut these before it read them (last ${(c.last_skipped || []).join("-")})` : null;
+    return el("tr", { "data-consumer": c.name },
+      el("td", { class: "mono consumer-name" }, c.name),
+      el("td", { "data-field": "policies" },
+        `${deliverText(config.deliver_policy)} · ${ackText(config)}`),
+      counterCell("delivered", c.delivered, null),
+      counterCell("ack_floor", c.ack_floor, null),
+      counterCell("num_pending", c.num_pending, null),
+      counterCell("num_ack_pending", `${c.num_ack_pending} / ${config.max_ack_pending}`, full),
+      counterCell("num_redelivered", c.num_redelivered, null),
+      counterCell("terminated", `${c.num_terminated} · ${c.num_max_deliver_reached}`, setAside),
+      counterCell("num_skipped", c.num_skipped, skipped),
+      el("td", {}, deleteButton(cid, c.name)));
+  }
+
+  function showConsumers(cid, consumers) {
+    // Rebuilt only when something changed, so a button is not replaced under the pointer.
+    const armed = consumers.filter((c) => isArmed(cid, c.name)).map((c) => c.name);
+    const shown = JSON.stringify([cid, consumers, armed]);
+    if (shown === state.consumersShown) return;
+    state.consumersShown = shown;
+    const none = $("no-consumers");
+    none.hidden = consumers.length > 0;
+    none.textContent = cid ? "No consumers of this topic here."
+      : "Consumers read a topic this node follows: subscribe to one first.";
+    replaceChildren($("consumer-rows"), consumers.map((c) => consumerRow(cid, c)));
+  }
+
+  async function refreshConsumers() {
+    const cid = $("consumer-topic").value;
+    if (!cid) {
+      showConsumers("", []);
+      return;
+    }
+    try {
+      const answer = await getJson(`/v1/topics/${topicPath(cid)}/consumers`);
+      if ($("consumer-topic").value !== cid) return;  // another topic was chosen meanwhile
+      showConsumers(cid, answer.consumers);
+      $("consumer-status").textContent = "";
+    } catch (error) {
+      $("consumer-status").textContent = error.message;
+    }
+  }
+
+  async function deleteConsumer(cid, name) {
+    try {
+      await send("DELETE", `/v1/topics/${topicPath(cid)}/consumers/${encodeURIComponent(name)}`);
+      showResult("consumer-result", true, `deleted consumer ${name}`);
+    } catch (error) {
+      showResult("consumer-result", false, error.message);
+    }
+    state.consumersShown = "";
+    await refreshConsumers();
+  }
+
+  async function onAddConsumer(submit) {
+    submit.preventDefault();
+    const cid = $("consumer-topic").value;
+    if (!cid) {
+      showResult("consumer-result", false, "subscribe to a topic first: a consumer reads "
+        + "the log of a topic this node follows");
+      return;
+    }
+    const name = $("consumer-name").value.trim();
+    const body = { name, deliver_policy: $("consumer-deliver").value,
+      ack_policy: $("consumer-ack").value };
+    const wait = $("consumer-ack-wait").value.trim();
+    if (wait !== "") body.ack_wait = Number(wait);
+    const max = $("consumer-max-deliver").value.trim();
+    if (max !== "") body.max_deliver = Number(max);
+    try {
+      const [status] = await request("POST", `/v1/topics/${topicPath(cid)}/consumers`, body);
+      showResult("consumer-result", true, status === 201 ? `added consumer ${name}`
+        : `consumer ${name} exists with these settings`);
+    } catch (error) {
+      showResult("consumer-result", false, error.message);
+    }
+    await refreshConsumers();
+  }
+
   // ---------------------------------------------------------------- the refresh loop
 
   async function refresh() {
@@ -311,6 +458,7 @@
       showTopics(trees.trees);
       showTrees(trees.trees);
       showPeers(routing);
+      await refreshConsumers();
       setBadge("status", "live", state.restarted
         ? `connected (node restarted at ${state.restarted})` : "connected");
       if (!state.live && state.subscriptions.size > 0) {
@@ -446,6 +594,8 @@
     $("token-form").addEventListener("submit", (submit) => submit.preventDefault());
     $("subscribe-form").addEventListener("submit", onSubscribe);
     $("publish-form").addEventListener("submit", onPublish);
+    $("consumer-form").addEventListener("submit", onAddConsumer);
+    $("consumer-topic").addEventListener("change", () => refreshConsumers());
     $("live-topic").addEventListener("change", (change) => watchTopic(change.target.value));
     refresh();
   }

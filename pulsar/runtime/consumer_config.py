@@ -26,9 +26,9 @@ __all__ = [
     "ACK_KINDS", "DEFAULT_ACK_WAIT", "DEFAULT_MAX_ACK_PENDING", "MAX_ACK_IDS",
     "MAX_ACK_PENDING", "MAX_BACKOFF", "MAX_BATCH", "MAX_CONSUMERS_PER_TOPIC",
     "MAX_DELIVER_LIMIT", "MAX_EXPIRES", "MAX_NAME", "MAX_SEQ", "MAX_WAIT", "NAME_PATTERN",
-    "AckKind", "AckPolicy", "ConsumerConfig", "ConsumerConfigError", "ConsumerError",
-    "ConsumerExists", "ConsumerLimit", "ConsumerNotFound", "DeliverPolicy", "NotFollowed",
-    "ReplayPolicy", "check_name",
+    "AckKind", "AckPolicy", "CommitRefused", "ConsumerConfig", "ConsumerConfigError",
+    "ConsumerError", "ConsumerExists", "ConsumerLimit", "ConsumerNotFound", "DeliverPolicy",
+    "NotFollowed", "ReplayPolicy", "check_name",
 ]
 
 DeliverPolicy = Literal["all", "last", "new", "start_seq", "start_time"]
@@ -88,6 +88,11 @@ class ConsumerExists(ConsumerError):
 
 class ConsumerLimit(ConsumerError):
     """The topic already has :data:`MAX_CONSUMERS_PER_TOPIC` consumers here."""
+
+
+class CommitRefused(ConsumerError):
+    """A commit (every position up to one settled at once) the consumer cannot take: its
+    ``ack_policy`` is not ``all``, or the position is beyond the log."""
 
 
 class NotFollowed(ConsumerError, LookupError):

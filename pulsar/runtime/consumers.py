@@ -28,10 +28,17 @@ cut skips to the first position kept, and counts and logs the positions it skipp
 (``num_skipped``, ``last_skipped``), so a gap is never silent; a pending entry whose event
 was cut cannot be delivered again, and is counted the same way when it comes due.
 
+**Commit.** A reader that reads the log itself, by position (a Spark query, whose reads
+must be replayable), settles what it has processed with :meth:`Consumers.commit`: every
+position up to one, handed out or not, at once (Kafka's committed offset). Only an
+``ack_policy=all`` consumer takes it, since that is what acknowledging one position
+already means there.
+
 The sync methods (:meth:`Consumers.create`, :meth:`~Consumers.take`,
-:meth:`~Consumers.settle`, :meth:`~Consumers.describe`, :meth:`~Consumers.sweep`) are the
-state machine: they take the time as an argument, so a test drives them with a fake clock.
-The async ones (``add``, ``info``, ``list``, ``delete``, ``fetch``, ``ack``) are the API
+:meth:`~Consumers.settle`, :meth:`~Consumers.settle_through`, :meth:`~Consumers.describe`,
+:meth:`~Consumers.sweep`) are the state machine: they take the time as an argument, so a
+test drives them with a fake clock. The async ones (``add``, ``info``, ``list``,
+``delete``, ``fetch``, ``ack``, ``commit``) are the API
 ``Node.consumers`` offers; ``fetch`` waits, like a long poll, for the log to grow, a
 redelivery to come due or an acknowledgement to make room.
 """
@@ -58,6 +65,7 @@ from .consumer_config import (
     MAX_SEQ,
     MAX_WAIT,
     AckKind,
+    CommitRefused,
     ConsumerConfig,
     ConsumerExists,
     ConsumerLimit,
@@ -259,6 +267,14 @@ class Consumers:
         return self.settle(await self._root(topic), name, list(ids), kind, delay,
                            self.clock())
 
+    async def commit(self, topic: CID, name: str, through: int) -> ConsumerInfo:
+        """Settle every log position up to ``through``, handed out or not: the consumer
+        goes on after it. For a reader that reads the log itself by position (a Spark
+        query) and says where it got to; ``ack_policy=all`` consumers only
+        (:class:`CommitRefused` otherwise, and for a position beyond the log). A position
+        the consumer has settled already changes nothing. Committed before it returns."""
+        return self.settle_through(await self._root(topic), name, through, self.clock())
+
     # ------------------------------------------------------------------ the state machine
 
     def create(self, topic: CID, config: ConsumerConfig, now: float
@@ -363,6 +379,31 @@ class Consumers:
                 self.counters["consumer_terminated"] += len(done)
             self._poke(topic, row.name)
         return AckResult(kind, tuple(done), unknown)
+
+    def settle_through(self, topic: CID, name: str, through: int, now: float
+                       ) -> ConsumerInfo:
+        """Apply a commit through log position ``through`` at ``now`` (see :meth:`commit`):
+        ``delivered`` moves up to it, and what was pending up to it is acknowledged."""
+        if isinstance(through, bool) or not isinstance(through, int) \
+                or not 1 <= through <= MAX_SEQ:
+            raise ValueError(f"through must be a log position in 1..{MAX_SEQ}")
+        row = self._get(topic, name)
+        if row.config.ack_policy != "all":
+            raise CommitRefused(
+                f"consumer {row.name!r} of topic {topic} has ack_policy "
+                f"{row.config.ack_policy}: a commit settles every position up to one, which "
+                "is what acknowledging means only with ack_policy all")
+        self._step(row, now, 0)  # what is due first: positions cut, messages set aside
+        last = self._state.log_last_seq(topic)
+        if through > last:
+            raise CommitRefused(f"position {through} is beyond the log of topic {topic}, "
+                                f"whose last position is {last}")
+        deletes = self._table.pending_through(topic, row.name, through)
+        if through > row.delivered or deletes:
+            row.delivered = max(row.delivered, through)
+            self._table.save(row, [], deletes)
+            self._poke(topic, row.name)
+        return self.describe(topic, row.name, now)
 
     def sweep(self, now: float) -> int:
         """Set aside, for every consumer, the entries past ``max_deliver`` that came due by

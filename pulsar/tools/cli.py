@@ -803,13 +803,19 @@ def _add_api_commands(sub: Any) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     """Exit 0 when nothing failed (warnings allowed), 1 otherwise."""
+    doctor.add_argument("--max-pending", type=int, default=None, metavar="N",
+                        help="report a durable consumer with more than N log entries not "
+                             "handed out yet as far behind (default 10000)")
     from api.client import PulsarcastClient
 
-    from .doctor import diagnose, render
+    from .doctor import DEFAULT_MAX_PENDING, diagnose, render
+
+    max_pending = DEFAULT_MAX_PENDING if args.max_pending is None else args.max_pending
 
     async def go() -> list[Any]:
         async with PulsarcastClient(args.url, args.token, timeout=10.0) as client:
-            return await diagnose(client, args.url, args.token is not None)
+            return await diagnose(client, args.url, args.token is not None,
+                                  max_pending=max_pending)
 
     findings = asyncio.run(go())
     if args.json:

@@ -4,8 +4,9 @@
 It starts a small local network (four nodes in a temporary directory), makes two topics
 on node 0 with subscribers, publishes some events, keeps a trickle of live ones going so
 the rates show something, and opens the page of node 2, a subscriber of both (so its trees
-have parents, and RTTs to them). It publishes one event from the page's own form and
-saves a full-page PNG taken by headless Chromium (:mod:`pulsar.tools.browser`).
+have parents, and RTTs to them), where two durable consumers of one topic have read some of
+it. It publishes one event from the page's own form and saves a full-page PNG taken by
+headless Chromium (:mod:`pulsar.tools.browser`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ async def _populate(nodes: list[Node]) -> tuple[CID, CID]:
     for version in ("1.4.1", "1.4.2", "1.4.3"):
         await nodes[0].publish(deploys.cid, f"api {version} deployed".encode())
     await nodes[1].publish(deploys.cid, b"worker 2.0.0 deployed")
+    # Two applications reading the deploys at the shown node: one settled two, the other
+    # holds three it has not acknowledged yet.
+    shown = nodes[SHOWN]
+    deadline = asyncio.get_running_loop().time() + WAIT_MS / 1000
+    while shown.last_position(deploys.cid) < 4:
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"node {SHOWN} did not log the four deploys")
+        await shown.wait_for_log(deploys.cid, shown.last_position(deploys.cid), 5.0)
+    await shown.consumers.add(deploys.cid, {"name": "billing", "ack_policy": "all"})
+    taken = await shown.consumers.fetch(deploys.cid, "billing", 2)
+    await shown.consumers.ack(deploys.cid, "billing", [taken[-1].id])
+    await shown.consumers.add(deploys.cid, {"name": "audit", "ack_wait": 600,
+                                            "max_deliver": 5})
+    await shown.consumers.fetch(deploys.cid, "audit", 3)
     return deploys.cid, sensors.cid
 
 
@@ -84,6 +99,9 @@ async def take(out: Path) -> None:
                         "published", timeout=WAIT_MS)
                     await expect(page.locator("#event-rows tr")).to_have_count(
                         5, timeout=WAIT_MS)
+                    await page.locator("#consumer-topic").select_option(str(deploys))
+                    await expect(page.locator("#consumer-rows tr")).to_have_count(
+                        2, timeout=WAIT_MS)
                     # Each of the four trees has its parent measured.
                     measured = page.locator('.tree dd[data-role="parents"] .rtt', has_text="ms")
                     await expect(measured).to_have_count(4, timeout=WAIT_MS)

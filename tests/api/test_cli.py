@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
+from dag import CID
 from pulsar.tools.cli import main
 from tests.waiting import eventually
 
@@ -164,8 +166,10 @@ async def test_doctor_says_what_is_wrong(apis: list[Api],
     lines = out.splitlines()
     assert code == 0, out
     assert [line.split()[:2] for line in lines] == [
-        ["ok", "reachable"], ["ok", "peers"], ["ok", "trees"], ["ok", "token"]]
+        ["ok", "reachable"], ["ok", "peers"], ["ok", "trees"], ["ok", "consumers"],
+        ["ok", "token"]]
     assert str(api.node.peer_id) in lines[0] and "2 DHT contact(s)" in lines[1]
+    assert lines[3].endswith("consumers none on the 0 followed topic(s)")
 
     code, out, _ = await run(api, capsys, "doctor", "--json", token="pct_wrong-token-0000")
     checks = {f["check"]: f for f in map(json.loads, out.splitlines())}
@@ -183,6 +187,62 @@ async def test_doctor_says_what_is_wrong(apis: list[Api],
     out, err = capsys.readouterr()
     assert code == 1 and out.startswith("FAIL reachable") and "make run" in out
     assert "Traceback" not in err
+
+
+async def test_doctor_reports_consumers_an_operator_should_look_at(
+        apis: list[Api], capsys: pytest.CaptureFixture[str]) -> None:
+    author, reader, _ = apis
+    jobs = (await author.call("POST", "/v1/topics", json={"name": "jobs"}))[1]["cid"]  # type: ignore[index]
+    ticks = (await author.call("POST", "/v1/topics", json={  # type: ignore[index]
+        "name": "ticks", "retention": {"max_events": 3}}))[1]["cid"]
+    for cid in (jobs, ticks):
+        await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    consumers = reader.node.consumers
+    await consumers.add(CID.parse(ticks), {"name": "late"})
+    for cid in (jobs, ticks):
+        for i in range(5):
+            await author.call("POST", f"/v1/topics/{cid}/events", json={"json": i})
+    for cid in (jobs, ticks):
+        await eventually(lambda c=cid: reader.node.last_position(CID.parse(c)) == 5,
+                         timeout=10)
+    code, out, _ = await run(reader, capsys, "doctor")
+    assert code == 0 and "ok   consumers 1 on 1 of 2 followed topic(s)" in out, out
+
+    topic = CID.parse(jobs)
+    await consumers.add(topic, {"name": "fine", "ack_policy": "all"})
+    fetched = await consumers.fetch(topic, "fine", 10)
+    await consumers.ack(topic, "fine", [fetched[-1].id])
+    await consumers.add(topic, {"name": "poison", "max_deliver": 1, "ack_wait": 0.2})
+    assert [m.id for m in await consumers.fetch(topic, "poison", 1)] == [1]
+    await consumers.add(topic, {"name": "stuck", "max_ack_pending": 2, "ack_wait": 600})
+    assert len(await consumers.fetch(topic, "stuck", 10)) == 2
+    await consumers.add(topic, {"name": "idle"})
+
+    async def set_aside() -> bool:  # its ack_wait passes, and it is not delivered again
+        return (await consumers.info(topic, "poison")).num_max_deliver_reached == 1
+
+    await eventually(set_aside, timeout=10)
+    reader.node._driver.retention.sweep([CID.parse(ticks)], time.time())  # keeps 3..5
+
+    code, out, _ = await run(reader, capsys, "doctor", "--max-pending", "4")
+    lines = out.splitlines()
+    assert code == 0, out  # warnings: the node works, applications on it do not keep up
+    assert lines[3] == "warn consumers 5 on 2 of 2 followed topic(s); 4 to look at (below)"
+    listed = {line.split()[2]: line for line in lines if line.startswith("ok   consumers b")}
+    assert set(listed) == {f"{jobs}:", f"{ticks}:"}
+    assert "fine (0 pending, 0 unacknowledged), idle (5 pending" in listed[f"{jobs}:"]
+    warned = {line.split()[2]: line for line in lines[4:] if line.startswith("warn")}
+    assert set(warned) == {"idle", "poison", "stuck", "late"}
+    assert f"idle of {jobs}: far behind: 5 log entries" in warned["idle"]
+    assert "1 message(s) set aside after max_deliver (1)" in warned["poison"]
+    assert "2 unacknowledged, its max_ack_pending" in warned["stuck"]
+    assert f"late of {ticks}: skipped 2 log position(s) (last 1-2)" in warned["late"]
+    assert lines[-1].startswith("ok   token")
+    code, out, _ = await run(reader, capsys, "doctor", "--json")  # the default: 10,000
+    checks = [json.loads(line) for line in out.splitlines()]
+    assert {c["detail"].split()[0] for c in checks
+            if c["check"] == "consumers" and c["verdict"] == "warn"} == {
+        "5", "poison", "stuck", "late"}
 
 
 async def test_topic_retention_from_the_command_line(

@@ -148,6 +148,42 @@ async def test_rest_pull_acks_and_errors(apis: list[Api]) -> None:
     assert status == 400 and problem["type"] == BASE + "invalid-field"
 
 
+async def test_rest_commit_settles_up_to_a_position(apis: list[Api]) -> None:
+    """A reader by position (the Spark source) settles what it read with one call."""
+    author, reader, _ = apis
+    cid = await _topic_followed_by(author, reader, "ledger")
+    await _publish(author, cid, {"n": 1}, {"n": 2}, {"n": 3})
+    await _logged(reader, cid, 3)
+    path = f"/v1/topics/{cid}/consumers"
+    for body in ({"name": "spark", "ack_policy": "all"}, {"name": "billing"}):
+        status, _ = await reader.call("POST", path, json=body)
+        assert status == 201
+    status, problem = await reader.call("POST", f"{path}/spark/commit", auth=False,
+                                        json={"through": 2})
+    assert status == 401
+    status, info = await reader.call("POST", f"{path}/spark/commit", json={"through": 2})
+    assert status == 200, info
+    assert (info["delivered"], info["ack_floor"], info["num_pending"]) == (2, 2, 1)
+    for url, body, kind in ((f"{path}/spark/commit", {"through": 4}, "commit-refused"),
+                            (f"{path}/billing/commit", {"through": 1}, "commit-refused"),
+                            (f"{path}/spark/commit", {}, "invalid-field"),
+                            (f"{path}/spark/commit", {"through": 0}, "invalid-field"),
+                            (f"{path}/spark/commit", {"through": "3"}, "invalid-field"),
+                            (f"{path}/spark/commit", {"through": 3, "ids": [3]},
+                             "invalid-field"),
+                            (f"{path}/nobody/commit", {"through": 1}, "consumer-not-found")):
+        status, problem = await reader.call("POST", url, json=body)
+        assert problem["type"] == BASE + kind, (url, body, problem)  # type: ignore[index]
+        assert status == {"commit-refused": 409, "invalid-field": 400,
+                          "consumer-not-found": 404}[kind]
+    async with PulsarcastClient(reader.url, reader.server.token) as client:
+        info = await client.commit_consumer(cid, "spark", 3)
+        assert (info["delivered"], info["ack_floor"], info["num_pending"]) == (3, 3, 0)
+        assert await client.commit_consumer(cid, "spark", 1) == await client.consumer_info(
+            cid, "spark")  # already settled: nothing changes
+        assert await client.fetch(cid, "spark", expires=0) == []
+
+
 async def _sse(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str, str]]:
     """``(id, event, data)`` of each message of an SSE response."""
     fields: dict[str, str] = {}

@@ -172,3 +172,67 @@ async def test_page_keeps_working_when_the_node_restarts(site: Site, page: Any) 
     assert await _seqs(page) == [5, 4, 3, 2, 1]
     payloads = await page.locator("#event-rows td.payload").all_inner_texts()
     assert payloads == ["five", "four", "three", "two", "one"]
+
+
+async def test_page_shows_a_topics_consumers_and_adds_and_deletes_one(
+        site: Site, page: Any) -> None:
+    from playwright.async_api import expect
+
+    topic = await _topic(site, "orders")
+    for i in range(3):
+        await site.node.publish(topic.cid, b"order %d" % i)
+    consumers = site.node.consumers
+    await consumers.add(topic.cid, {"name": "billing", "ack_wait": 30, "max_ack_pending": 2})
+    await consumers.add(topic.cid, {"name": "poison", "ack_wait": 0.2, "max_deliver": 1})
+    await page.goto(site.url + "/")
+    await page.locator("#consumer-topic").select_option(str(topic.cid))
+    billing = page.locator('#consumer-rows tr[data-consumer="billing"]')
+    await expect(billing.locator('[data-field="num_pending"]')).to_have_text("3",
+                                                                             timeout=WAIT_MS)
+    await expect(billing.locator('[data-field="policies"]')).to_have_text(
+        "all · ack explicit, wait 30 s")
+
+    # The counters follow the node's: two handed out fill max_ack_pending (marked), one of
+    # them acknowledged; a message past max_deliver is set aside (marked).
+    await consumers.fetch(topic.cid, "billing", 2)
+    full = billing.locator('[data-field="num_ack_pending"]')
+    await expect(full).to_have_text("2 / 2", timeout=WAIT_MS)
+    await expect(full).to_have_attribute("data-state", "warn")
+    await consumers.ack(topic.cid, "billing", [1])
+    await expect(billing.locator('[data-field="ack_floor"]')).to_have_text("1", timeout=WAIT_MS)
+    for field, shown in (("delivered", "2"), ("num_pending", "1"), ("num_ack_pending", "1 / 2"),
+                         ("num_redelivered", "0"), ("terminated", "0 · 0"),
+                         ("num_skipped", "0")):
+        await expect(billing.locator(f'[data-field="{field}"]')).to_have_text(shown)
+    assert await full.get_attribute("data-state") is None
+    await consumers.fetch(topic.cid, "poison", 1)
+    aside = page.locator('#consumer-rows tr[data-consumer="poison"] [data-field="terminated"]')
+    await expect(aside).to_have_text("1 · 1", timeout=WAIT_MS)  # once its ack_wait is over
+    await expect(aside).to_have_attribute("data-state", "warn")
+
+    # Adding one needs the token, as every change does.
+    await page.locator("#consumer-name").fill("audit")
+    await page.locator("#consumer-ack").select_option("all")
+    await page.locator("#consumer-max-deliver").fill("5")
+    await page.locator("#consumer-form button").click()
+    result = page.locator("#consumer-result")
+    await expect(result).to_contain_text("401 A valid bearer token is required", timeout=WAIT_MS)
+    assert [c.name for c in await consumers.list(topic.cid)] == ["billing", "poison"]
+    await page.locator("#token").fill(site.token)
+    await page.locator("#consumer-form button").click()
+    await expect(result).to_contain_text("added consumer audit", timeout=WAIT_MS)
+    audit = page.locator('#consumer-rows tr[data-consumer="audit"]')
+    await expect(audit.locator('[data-field="policies"]')).to_have_text(
+        "all · ack all, wait 30 s, max 5 deliveries", timeout=WAIT_MS)
+    made = await consumers.info(topic.cid, "audit")
+    assert (made.config.ack_policy, made.config.max_deliver, made.num_pending) == ("all", 5, 3)
+
+    # Deleting asks once more, then the consumer is gone from the node and the page.
+    delete = audit.locator('[data-action="delete"]')
+    await delete.click()
+    await expect(delete).to_have_text("really delete?")
+    assert "audit" in [c.name for c in await consumers.list(topic.cid)]
+    await delete.click()
+    await expect(result).to_contain_text("deleted consumer audit", timeout=WAIT_MS)
+    await expect(audit).to_have_count(0)
+    assert [c.name for c in await consumers.list(topic.cid)] == ["billing", "poison"]

@@ -19,6 +19,7 @@ from dag.store import SCHEMA_VERSION
 from pulsar.runtime.consumer_config import (
     MAX_BATCH,
     MAX_CONSUMERS_PER_TOPIC,
+    CommitRefused,
     ConsumerConfig,
     ConsumerConfigError,
     ConsumerExists,
@@ -275,6 +276,40 @@ async def test_ack_policy_all_and_none(env: Env) -> None:
     info = env.info("none")
     assert (info.delivered, info.ack_floor, info.num_ack_pending) == (5, 5, 0)
     assert env.ack([5], name="none") == ((), (5,))
+
+
+async def test_commit_settles_every_position_up_to_one_handed_out_or_not(env: Env) -> None:
+    """What a reader by position (a Spark query) does: it reads the log itself and says
+    where it got to."""
+    env.log_events(6)
+    env.add(ack_policy="all", ack_wait=10.0)
+    assert env.take(2) == [(1, 1), (2, 1)]
+    info = env.consumers.settle_through(env.topic, "billing", 4, env.now)
+    assert (info.delivered, info.ack_floor, info.num_ack_pending, info.num_pending) == (
+        4, 4, 0, 2)
+    env.now += 10.0
+    assert env.take(10) == [(5, 1), (6, 1)]  # 1 and 2 are settled: nothing comes again
+    # Below what is pending, or at the floor again: it settles what it names, no more.
+    info = env.consumers.settle_through(env.topic, "billing", 5, env.now)
+    assert (info.delivered, info.ack_floor, info.num_ack_pending) == (6, 5, 1)
+    assert env.consumers.settle_through(env.topic, "billing", 3, env.now) == env.info()
+    with pytest.raises(CommitRefused, match=r"beyond the log .* last position is 6"):
+        env.consumers.settle_through(env.topic, "billing", 7, env.now)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="through"):
+            env.consumers.settle_through(env.topic, "billing", bad, env.now)  # type: ignore[arg-type]
+    # Only where acknowledging one position means every earlier one too.
+    for policy in ("explicit", "none"):
+        env.add(policy, ack_policy=policy)
+        with pytest.raises(CommitRefused, match=f"ack_policy {policy}"):
+            env.consumers.settle_through(env.topic, policy, 2, env.now)
+        assert env.info(policy).delivered == 0
+    with pytest.raises(ConsumerNotFound):
+        env.consumers.settle_through(env.topic, "nobody", 1, env.now)
+    # Committed before it answers.
+    env.reopen()
+    info = env.info()
+    assert (info.delivered, info.ack_floor, info.num_ack_pending) == (6, 5, 1)
 
 
 async def test_deliver_policies_resolve_when_the_consumer_is_made(env: Env) -> None:

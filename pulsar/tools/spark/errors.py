@@ -24,6 +24,8 @@ CODES: Final = frozenset({
     "TOPIC_NOT_FOUND",     # the node knows no such topic
     "EVENT_NOT_FOUND",     # an event CID given as an offset is not in the node's log
     "NOT_SUBSCRIBED",      # a stream of a topic the node does not follow
+    "CONSUMER_NOT_FOUND",  # the node has no consumer of the name the option gives
+    "INVALID_CONSUMER",    # that consumer cannot be read by position (its ack_policy)
     "UNAUTHORIZED",        # missing or wrong token for a call that changes state
     "PUBLISH_FAILED",      # a writer task could not publish a row
     "NODE_ERROR",          # the node answered something else unexpected

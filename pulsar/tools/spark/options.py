@@ -8,6 +8,7 @@ message naming the option — unknown options included, because a misspelt
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -49,14 +50,17 @@ _COMMON: Final = {"endpoint", "token", "requesttimeout"}
 _READ: Final = _COMMON | {
     "topic", "topics", "startingoffsets", "endingoffsets", "startingtimestamp",
     "endingtimestamp", "maxeventspertrigger", "maxeventsperpartition", "minpartitions",
-    "subscribe", "historyformat",
+    "subscribe", "historyformat", "consumer",
 }
 _WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "checkpointlocation"}
 _SPELLING: Final = {name.lower(): name for name in (
     "endpoint", "token", "requestTimeout", "topic", "topics", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxEventsPerTrigger",
     "maxEventsPerPartition", "minPartitions", "subscribe", "historyFormat", "maxInFlight",
-    "publishRetries", "checkpointLocation")}
+    "publishRetries", "checkpointLocation", "consumer")}
+CONSUMER_NAME: Final = re.compile("[A-Za-z0-9_-]{1,64}")
+"""A consumer's name as the node takes it (letters, digits, ``_`` and ``-``; the node's rule,
+stated here so that an executor's imports stay clear of the node)."""
 
 Subscribe = Literal["unset", "no", "yes", "replay"]
 """``subscribe`` as given; ``unset`` (the default) refuses a topic the node does not follow,
@@ -94,6 +98,9 @@ class ReadOptions:
     history_format: HistoryFormat = "blocks"
     """How tasks read the log: the node's stored blocks, decoded in the workers (fast), or
     its NDJSON (for nodes older than the bulk format)."""
+    consumer: str | None = None
+    """A stream read as this durable consumer of the node (``ack_policy=all``): it starts
+    at the consumer's position, and committed micro-batches are acknowledged on it."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,8 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
     if mode in ("yes", "replay") and endpoint.token is None:
         raise PulsarcastSparkError("MISSING_OPTION", "subscribe needs the node's API 'token' "
                                    "(subscribing changes the node's state)")
+    consumer = _consumer(options, streaming, endpoint, raw_start is not None or raw_ts
+                         is not None)
     history_format = (_get(options, "historyFormat") or "blocks").strip().lower()
     if history_format not in ("blocks", "ndjson"):
         raise PulsarcastSparkError("INVALID_OPTION", "historyFormat must be blocks (the "
@@ -239,7 +248,35 @@ def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadO
         min_partitions=_int(options, "minPartitions", 1, 1, 10_000) or 1,
         subscribe=mode,
         history_format=history_format,  # type: ignore[arg-type]
+        consumer=consumer,
     )
+
+
+def _consumer(options: Mapping[str, str], streaming: bool | None, endpoint: Endpoint,
+              starting_given: bool) -> str | None:
+    """The ``consumer`` option: a stream only (a batch read commits nothing), with the
+    token (acknowledging changes the node's state), and without a starting offset (the
+    consumer's position is where the stream starts)."""
+    raw = _get(options, "consumer")
+    if raw is None:
+        return None
+    name = raw.strip()
+    if not CONSUMER_NAME.fullmatch(name):
+        raise PulsarcastSparkError("INVALID_OPTION", "consumer must be the name of one of "
+                                   "the node's durable consumers: 1-64 of A-Z, a-z, 0-9, "
+                                   f"'_' and '-', got {raw!r}")
+    if streaming is False:
+        raise PulsarcastSparkError("INVALID_OPTION", "consumer is for streaming reads: a "
+                                   "batch read has no committed micro-batches to "
+                                   "acknowledge (read by offsets instead)")
+    if starting_given:
+        raise PulsarcastSparkError("INVALID_OPTION", "consumer and startingOffsets/"
+                                   "startingTimestamp do not go together: a stream read as "
+                                   "a consumer starts at the consumer's position")
+    if endpoint.token is None:
+        raise PulsarcastSparkError("MISSING_OPTION", "consumer needs the node's API 'token': "
+                                   "committed micro-batches are acknowledged on the consumer")
+    return name
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:

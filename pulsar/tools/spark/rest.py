@@ -57,6 +57,8 @@ _PROBLEM_CODES: Final = {
     "topic-not-found": "TOPIC_NOT_FOUND",
     "event-not-found": "EVENT_NOT_FOUND",
     "not-subscribed": "NOT_SUBSCRIBED",
+    "consumer-not-found": "CONSUMER_NOT_FOUND",
+    "commit-refused": "INVALID_CONSUMER",
     "unauthorized": "UNAUTHORIZED",
     "invalid-cid": "INVALID_OPTION",
     "invalid-field": "INVALID_OPTION",
@@ -228,6 +230,19 @@ class NodeApi:
         self._call(f"subscribing the node to {topic}",
                    lambda c: c.subscribe(topic, replay=replay))
 
+    def consumer_position(self, topic: str, name: str) -> tuple[str, int]:
+        """The durable consumer ``name`` of ``topic``: its ``ack_policy`` and its ack floor
+        (every position up to it is settled). ``CONSUMER_NOT_FOUND`` if there is none."""
+        doing = f"reading consumer {name} of topic {topic}"
+        info = self._call(doing, lambda c: c.consumer_info(topic, name))
+        return self._checked(lambda: _consumer_position(info), doing)
+
+    def commit_consumer(self, topic: str, name: str, through: int) -> int:
+        """Settle every position up to ``through`` on the consumer; its ack floor after."""
+        doing = f"acknowledging positions up to {through} on consumer {name} of topic {topic}"
+        info = self._call(doing, lambda c: c.commit_consumer(topic, name, through))
+        return self._checked(lambda: _consumer_position(info)[1], doing)
+
     def check_token(self) -> None:
         """``UNAUTHORIZED`` now, at planning, if the node refuses the token. Every call
         that changes state checks the token before anything else (``api.auth``), so a
@@ -274,6 +289,14 @@ class NodeApi:
         page = self._call(doing, lambda c: c.history_page(topic, since=repr(when), limit=1))
         seq = self._checked(lambda: _newest_seq(page), doing)
         return seq or None
+
+
+def _consumer_position(info: Any) -> tuple[str, int]:
+    config = _json_object(_json_object(info, "consumer info").get("config"), "consumer config")
+    policy, floor = config.get("ack_policy"), info.get("ack_floor")
+    if type(policy) is not str or type(floor) is not int or floor < 0:
+        raise ValueError("the consumer info has no ack_policy or ack_floor")
+    return policy, floor
 
 
 async def _ndjson_blocks(client: PulsarcastClient, topic: str, cursor: int, limit: int,

@@ -15,7 +15,8 @@ pays for every import of this module (the client was half of it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,8 @@ __all__ = [
     "RangePartition",
     "StreamReader",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     The log is durable and its positions are never reused, so any range can be read again
     after a failure or a restart and gives the same events: with Spark's checkpoint that
-    is exactly-once from the log into the query. ``commit`` has nothing to release (the
-    node keeps no consumer state; the position lives in the checkpoint), as with Kafka.
+    is exactly-once from the log into the query. Without the ``consumer`` option the node
+    keeps no state for the query (the position lives in the checkpoint), as with Kafka.
+
+    **Read as a named consumer** (option ``consumer``, an ``ack_policy=all`` consumer of
+    each topic at the node): a query with a new checkpoint starts at the consumer's first
+    unsettled position, and every micro-batch committed to the checkpoint is acknowledged
+    on the consumer up to its last position (``POST .../consumers/{name}/commit``). Spark
+    calls ``commit(end)`` for a batch only when it plans the one after, so the source also
+    acknowledges when Spark asks for the next batch's end (``latestOffset(start)``): Spark
+    asks only once the batch ending at ``start`` is in the checkpoint's commit log. The
+    consumer is therefore never ahead of the checkpoint, and catches up with it at the next
+    trigger. A restarted query follows its checkpoint, not the consumer (docs/spark.md,
+    "Reading as a named consumer").
     """
 
     def __init__(self, options: ReadOptions) -> None:
@@ -178,9 +192,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._api: NodeApi | None = None
         self._topics: list[tuple[str, str, int]] | None = None
         self._target: dict[str, int] | None = None
+        self._last: dict[str, int] = {}
+        """The newest position of each log, as last read."""
+        self._starts: dict[str, int] | None = None
+        """With ``consumer``: where a new query starts in each topic, read once."""
+        self._acked: dict[str, int] = {}
+        """With ``consumer``: its ack floor in each topic, as last known here."""
+        self._compared = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_api": None, "_topics": None, "_target": None}
+        return {"options": self.options, "_api": None, "_topics": None, "_target": None,
+                "_last": {}, "_starts": None, "_acked": {}, "_compared": False}
 
     @property
     def api(self) -> NodeApi:
@@ -201,14 +223,84 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _latest(self) -> dict[str, int]:
         topics = self._roots()
         last = self.api.last_positions([root for _, root, _ in topics])
+        self._last.update(last)
         latest = {root: last[root] + 1 for _, root, _ in topics}
         if self._target is not None:  # Trigger.AvailableNow: never beyond the target
             latest = {t: min(p, self._target.get(t, p)) for t, p in latest.items()}
         return latest
 
+    def _consumer_starts(self) -> dict[str, int]:
+        """With ``consumer``: per topic, the first position the consumer has not settled
+        (after its ack floor; the first position the log keeps if retention cut beyond
+        it). Read once per query; a consumer whose ``ack_policy`` is not ``all`` is
+        refused, as acknowledging by position means nothing else."""
+        if self._starts is None:
+            name = self.options.consumer
+            assert name is not None
+            starts: dict[str, int] = {}
+            for _, root, _ in self._roots():
+                policy, floor = self.api.consumer_position(root, name)
+                if policy != "all":
+                    raise PulsarcastSparkError(
+                        "INVALID_CONSUMER", f"consumer {name} of topic {root} has ack_policy "
+                        f"{policy}: a stream acknowledges each committed micro-batch up to "
+                        "its last position, which needs ack_policy all; make one with "
+                        f"`pulsarcast consumer add {root} NAME --ack all` (or POST "
+                        f'/v1/topics/{root}/consumers with "ack_policy": "all")')
+                self._acked[root] = floor
+                starts[root] = max(floor + 1, self.api.first_kept(root))
+            self._starts = starts
+        return self._starts
+
+    def _first(self, topic: str) -> int:
+        """Where a topic missing from a start offset begins: its consumer's position with
+        ``consumer``, else its first position (a topic added to ``topics`` since the
+        checkpoint was written, as a new Kafka partition)."""
+        if self.options.consumer is None:
+            return 1
+        return self._consumer_starts()[topic]
+
+    def _acknowledge(self, through: Mapping[str, int]) -> None:
+        """With ``consumer``: settle each topic's positions up to ``through`` on the
+        consumer; only what moves its ack floor is sent, never past the log's end (a
+        checkpoint taken against another node's log may be ahead of it)."""
+        name = self.options.consumer
+        if name is None:
+            return
+        self._consumer_starts()  # the ack floors, read once
+        for topic, position in through.items():
+            if topic not in self._acked:
+                continue
+            if position > self._last.get(topic, 0):
+                self._last.update(self.api.last_positions([topic]))
+            position = min(position, self._last[topic])
+            if position > self._acked[topic]:
+                floor = self.api.commit_consumer(topic, name, position)
+                self._acked[topic] = max(position, floor)
+
+    def _compare(self, start: Mapping[str, int]) -> None:
+        """With ``consumer``, once per query: say so when the checkpoint is behind the
+        consumer (another reader settled further while the query was stopped). The
+        checkpoint wins, so those positions are read again."""
+        if self._compared or self.options.consumer is None:
+            return
+        self._compared = True
+        floors = dict(self._acked)
+        for topic, position in start.items():
+            floor = floors.get(topic)
+            if floor is not None and int(position) - 1 < floor:
+                log.warning("the checkpoint of this query is at position %d of topic %s, "
+                            "behind consumer %s, which settled up to %d: positions %d-%d are "
+                            "read again (the checkpoint wins; start the query with a new "
+                            "checkpoint location to follow the consumer instead)",
+                            position, topic, self.options.consumer, floor, position, floor)
+
     def initialOffset(self) -> dict[str, int]:
         """Where a new query starts (``startingOffsets``, default ``latest``, or
-        ``startingTimestamp``); a query restarted from its checkpoint does not ask."""
+        ``startingTimestamp``; with ``consumer``, the consumer's position); a query
+        restarted from its checkpoint does not ask."""
+        if self.options.consumer is not None:
+            return dict(self._consumer_starts())
         topics = self._roots()
         last = self.api.last_positions([root for _, root, _ in topics])
         return {root: resolve_bound(starting_bound(self.options, given, root), root,
@@ -223,12 +315,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         """The end of the next micro-batch, within ``limit`` (``maxEventsPerTrigger``
         counts log positions). A topic missing from ``start`` — added to ``topics`` since
-        the checkpoint was written — starts from its earliest position, as a new Kafka
-        partition does."""
+        the checkpoint was written — starts from its earliest position (as a new Kafka
+        partition does), or its consumer's position.
+
+        Spark asks only once the batch that ended at ``start`` is committed to its
+        checkpoint, so with ``consumer`` what comes before ``start`` is acknowledged here."""
         latest = self._latest()
+        if self.options.consumer is not None:
+            self._consumer_starts()
+            self._compare(start)
+            self._acknowledge({t: int(p) - 1 for t, p in start.items() if t in latest})
         # A start beyond the log (a checkpoint from another node's log) stays where it is:
         # nothing is read until the log reaches it, and no position is read twice.
-        begin = {t: int(start.get(t, 1)) for t in latest}
+        begin = {t: int(start.get(t, self._first(t))) for t in latest}
         if isinstance(limit, ReadMinRows):
             waiting = sum(latest[t] - begin[t] for t in latest)
             return begin if waiting < limit.min_rows else latest
@@ -246,14 +345,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]
                    ) -> Sequence[RangePartition]:
-        ranges = [Range(t, int(start.get(t, 1)), int(e)) for t, e in end.items()]
+        ranges = [Range(t, int(start.get(t, self._first(t))), int(e)) for t, e in end.items()]
         return _partitions(ranges, self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(self.options, partition)
 
     def commit(self, end: dict[str, int]) -> None:
-        return None
+        """Spark is done with everything before ``end``: with ``consumer``, acknowledge it
+        on the consumer (usually done already, when the next batch was planned)."""
+        if self.options.consumer is not None:
+            self._acknowledge({t: int(p) - 1 for t, p in end.items()})
 
     def stop(self) -> None:
         if self._api is not None:
