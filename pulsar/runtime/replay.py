@@ -395,8 +395,13 @@ async def _segment_events(
                                            "could not be fetched", [cid], 0)
                 log.warning("replay of %s: event %s not found", first.cid, cid)
                 continue
-            versions.vouch(first.cid, cid)
-            event = await _verified(node, first, versions, cid, block, {})
+            deferred: dict[CID, EventDescriptor] = {}
+            event = await _verified(node, first, versions, cid, block, deferred)
+            if event is None and cid in deferred:
+                # Refused only for want of vouching: the checkpoint vouches for it.
+                versions.vouch(first.cid, cid)
+                if versions.admit(first.cid, deferred[cid]) is None:
+                    event = deferred[cid]
             if event is not None:
                 yield event
     finally:

@@ -93,6 +93,11 @@ def _bench(args: argparse.Namespace) -> int:
                               mbps=args.mbps, link_ms=args.link_ms, seed=args.seed,
                               interval=args.seconds or 4.0))
         return 0
+    if args.name == "replay-memory":
+        from pulsar.tools.bench.replay_memory import bench_replay_memory
+
+        _print_json(bench_replay_memory(events=args.events or 1_000_000))
+        return 0
     if args.name == "seek":
         from pulsar.tools.bench.seek import bench_seek
 
@@ -114,8 +119,8 @@ def _add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish", "seek",
-                 "spark", "topics", "tree", "transport"],
+        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish",
+                 "replay-memory", "seek", "spark", "topics", "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None, help="workload size")
@@ -798,14 +803,14 @@ def _add_api_commands(sub: Any) -> None:
 
     doctor = sub.add_parser("doctor", parents=[common],
                             help="is the node reachable, connected and usable? (REST API)")
+    doctor.add_argument("--max-pending", type=int, default=None, metavar="N",
+                        help="report a durable consumer with more than N log entries not "
+                             "handed out yet as far behind (default 10000)")
     doctor.set_defaults(handler=_doctor)
 
 
 def _doctor(args: argparse.Namespace) -> int:
     """Exit 0 when nothing failed (warnings allowed), 1 otherwise."""
-    doctor.add_argument("--max-pending", type=int, default=None, metavar="N",
-                        help="report a durable consumer with more than N log entries not "
-                             "handed out yet as far behind (default 10000)")
     from api.client import PulsarcastClient
 
     from .doctor import DEFAULT_MAX_PENDING, diagnose, render

@@ -120,3 +120,34 @@ async def test_the_rest_replay_streams_a_long_history_from_a_time(
     finally:
         await server.stop()
     assert [line["cid"] for line in lines] == [str(e.cid) for e in published[2:]]
+
+
+async def test_a_revoked_publishers_checkpointed_events_replay_from_a_time(
+    network: Network,
+) -> None:
+    """Streaming forward, a revoked publisher's events come before the later events that
+    vouch for them: the checkpoint that lists them vouches instead (the author signed
+    their CIDs), so they are replayed, as a subscriber delivers them."""
+    network.checkpoint_every = 3
+    nodes = await network.start(6)
+    author, bob, reader = nodes[0], nodes[1], nodes[5]
+    topic = await author.create_topic("revoked", allowed_publishers=[bob.peer_id])
+    sub = await author.subscribe(topic.cid)
+    await bob.subscribe(topic.cid)
+    published = [await bob.publish(topic.cid, b"bob %d" % i) for i in range(2)]
+    await collect(sub, 2)
+    published.append(await author.publish(topic.cid, b"author"))
+    await collect(sub, 1)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 1, timeout=15)
+    revoked = await author.update_topic(topic.cid, allowed_publishers=[])
+    assert not revoked.may_publish(bob.peer_id)
+    newest = author._driver.checkpoints.table.last(topic.cid)
+
+    async def record_names_it() -> bool:
+        record = await reader.dht.get_record(topic.cid, author.peer_id)
+        return (record is not None and newest is not None
+                and record.checkpoint == newest.cid and record.version == revoked.cid)
+
+    await eventually(record_names_it, timeout=15)
+    got = [e.cid async for e in reader.replay(topic.cid, since=0.0)]
+    assert got == [e.cid for e in published]
