@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 
@@ -57,7 +58,7 @@ def _segments(rng: random.Random, total: int, count: int) -> list[list[tuple[int
         ms += rng.randint(0, 50) if rng.random() > 0.1 else -rng.randint(0, 400)
         events.append((ms, cid_of(encode({"event": i}))))
     bounds = [0, *cuts, total]
-    return [events[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [events[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def _seek(chain: Chain, *, at_ms: int | None = None, position: int | None = None
