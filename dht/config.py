@@ -105,10 +105,12 @@ class DhtConfig:
     """Own blocks audited per maintenance pass: a round over a large store is spread
     over passes (``maintenance_interval`` apart) instead of sending it all at once."""
     max_records: int = 1_000_000
-    """Records this node holds for the network; new keys beyond it are refused."""
+    """Records this node holds for the network; beyond it, room is made by eviction
+    (``dht.record_table.RecordTable.evict``)."""
     max_bytes: int = 2 * 1024**3
-    """Bytes of record values this node holds for the network (2 GiB); new keys beyond it
-    are refused. The node's own puts are always kept."""
+    """Bytes of record values this node holds for the network (2 GiB); beyond it, room is
+    made by eviction (the copies of the node's own blocks first, then the oldest stored;
+    never heads records). The node's own puts are always kept."""
     source_store_quota: int = 8 * 1024**2
     """Bytes of new records one source address that is not a proven peer may make this
     node hold per ``store_quota_window`` (see ``dht.quota``)."""

@@ -15,6 +15,12 @@ hold costs nothing: that is how replicas are refreshed):
 
 The node's own puts are never refused (they are ours to keep) but count toward the total
 (:meth:`StoreQuota.added_locally`), so the estimate stays an over-estimate.
+
+**When the total is reached**, a new record from a source within its budget is not
+refused: room is made (a hundredth of the cap at once) by evicting records in a written
+order (:meth:`dht.record_table.RecordTable.evict`): first the copies of blocks the node
+holds as its own (it serves them from its store anyway), then the records stored longest
+ago; heads records never. Only when nothing is left to evict is the record refused.
 Sources are whole ``(host, port)`` addresses; what that leaves open is written in
 ``docs/operations.md`` (DHT security).
 
@@ -41,7 +47,8 @@ class StoreQuota:
     """Admits or refuses new records by size, per source and in total."""
 
     def __init__(self, *, source_quota: int, peer_quota: int, window: float, max_bytes: int,
-                 measure: Callable[[], int], max_sources: int = 65536) -> None:
+                 measure: Callable[[], int], max_sources: int = 65536,
+                 evict: Callable[[int], int] | None = None) -> None:
         self._source_quota = source_quota
         self._peer_quota = peer_quota
         self._window = window
@@ -50,6 +57,8 @@ class StoreQuota:
         self._max_sources = max_sources
         self._sources: OrderedDict[Hashable, tuple[float, int]] = OrderedDict()
         self._total = measure()
+        self._evict = evict
+        """Frees at least the bytes asked (records evicted) and says how many it freed."""
 
     @property
     def total_bytes(self) -> int:
@@ -65,16 +74,21 @@ class StoreQuota:
 
     def admit(self, source: Hashable, size: int, now: float, *, peer: bool = False
               ) -> Refusal | None:
-        """Charge ``size`` bytes of a new record to ``source``; None if admitted."""
-        if self._total + size > self._max_bytes:
-            self._total = self._measure()  # the estimate only grows: re-count when it bites
-            if self._total + size > self._max_bytes:
-                return Refusal.TOTAL
+        """Charge ``size`` bytes of a new record to ``source``; None if admitted. A source
+        within its budget at a node that holds ``max_bytes`` has room made for it (a
+        hundredth of the cap at once) when the node was given a way to evict."""
         start, used = self._sources.get(source, (now, 0))
         if now - start >= self._window:
             start, used = now, 0
         if used + size > (self._peer_quota if peer else self._source_quota):
             return Refusal.SOURCE
+        if self._total + size > self._max_bytes:
+            self._total = self._measure()  # the estimate only grows: re-count when it bites
+            if self._total + size > self._max_bytes and self._evict is not None:
+                needed = self._total + size - self._max_bytes
+                self._total -= self._evict(max(needed, self._max_bytes // 100))
+            if self._total + size > self._max_bytes:
+                return Refusal.TOTAL
         self._sources[source] = (start, used + size)
         self._sources.move_to_end(source)
         while len(self._sources) > self._max_sources:

@@ -23,6 +23,16 @@ from dag.store import BlockStore
 __all__ = ["RecordTable"]
 
 _PAGE: Final = 1000  # rows per query when iterating, so iteration memory stays bounded
+_EVICT_BATCH: Final = 256  # candidates read per query when making room
+HEADS_PREFIX: Final = b"\x61t\x72pulsarcast/heads/1"
+"""What follows the map header of every heads record (``dag.records``): its first key in
+canonical order, ``t``, and the record type. Heads records are never evicted."""
+_OWN_FIRST: Final = (
+    "SELECT r.key, length(r.value) FROM dht_records AS r "
+    "JOIN block_keys AS k ON k.key = r.key JOIN blocks AS b ON b.cid = k.cid "
+    "WHERE b.pinned = 1 AND substr(r.value, 2, 21) != ? ORDER BY r.stored_at LIMIT ?")
+_OLDEST: Final = ("SELECT key, length(value) FROM dht_records "
+                  "WHERE substr(value, 2, 21) != ? ORDER BY stored_at LIMIT ?")
 _IN_CHUNK: Final = 500  # keys per ``IN (...)`` query, well under SQLite's variable limit
 
 
@@ -131,6 +141,33 @@ class RecordTable:
             if len(rows) < _PAGE:
                 return
             last, first = rows[-1][0], False
+
+    def evict(self, rows: int, size: int) -> tuple[int, int]:
+        """Delete records until at least ``rows`` of them and ``size`` bytes are gone (or
+        nothing is left to delete), in this order: records whose block the node also
+        holds as its own (pinned: it serves them from there anyway), then the records
+        stored longest ago. Heads records are never deleted. Returns ``(rows, bytes)``
+        deleted."""
+        freed_rows = freed_bytes = 0
+
+        def short() -> bool:
+            return freed_rows < rows or freed_bytes < size
+
+        with self._store.transaction() as conn:
+            for query in (_OWN_FIRST, _OLDEST):
+                while short():
+                    batch = conn.execute(query, (HEADS_PREFIX, _EVICT_BATCH)).fetchall()
+                    if not batch:
+                        break
+                    chosen: list[tuple[bytes]] = []
+                    for key, length in batch:
+                        if not short():
+                            break
+                        chosen.append((bytes(key),))
+                        freed_rows += 1
+                        freed_bytes += int(length)
+                    conn.executemany("DELETE FROM dht_records WHERE key = ?", chosen)
+        return freed_rows, freed_bytes
 
     def count(self) -> int:
         """How many DHT records are stored (an SQL ``count``: O(n), for stats and quotas)."""

@@ -21,11 +21,18 @@ class DhtStats:
     stores_rate_limited: int = 0
     """Values refused because their sender or all senders together exceeded the rate limit."""
     stores_over_quota: int = 0
-    """New keys refused because this node already holds ``max_records`` records."""
+    """New keys refused because this node already holds ``max_records`` records and
+    eviction freed none."""
     stores_over_source_quota: int = 0
     """New keys refused because their source used up its byte quota (``dht.quota``)."""
     stores_over_byte_cap: int = 0
-    """New keys refused because this node already holds ``max_bytes`` of records."""
+    """New records refused because the node holds ``max_bytes`` and eviction freed no room."""
+    records_evicted: int = 0
+    """Records deleted to make room for new ones at ``max_records`` or ``max_bytes``
+    (``dht.record_table.RecordTable.evict``: the node's own blocks' copies first, then the
+    oldest stored; never heads records)."""
+    bytes_evicted: int = 0
+    """Bytes of the records evicted."""
     requests_held: int = 0
     """Requests from an address not yet proven, held until it answers our PING."""
     requests_unvalidated_dropped: int = 0

@@ -177,7 +177,25 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
         self._approx_count = self._table.count() + len(self._queued)
         if self._approx_count < self._max_records:
             return True
-        return self._table.get(key) is not None  # refreshing a held key is always fine
+        if self._table.get(key) is not None:
+            return True  # refreshing a held key is always fine
+        # Full: make room for a hundredth of the bound at once (the eviction query sorts).
+        self.make_room(rows=max(1, self._max_records // 100))
+        return self._approx_count < self._max_records
+
+    def make_room(self, *, rows: int = 0, size: int = 0) -> int:
+        """Evict records to free at least ``rows`` records and ``size`` bytes, in
+        :meth:`dht.record_table.RecordTable.evict`'s order (what the node also holds as its
+        own first, then the oldest stored; never heads records); returns the bytes freed.
+        Counted in the stats (``records_evicted``, ``bytes_evicted``)."""
+        evicted, freed = self._table.evict(rows, size)
+        self._approx_count = max(0, self._approx_count - evicted)
+        self._stats.records_evicted += evicted
+        self._stats.bytes_evicted += freed
+        if evicted:
+            log.warning("DHT storage full: evicted %d record(s), %d bytes, to make room",
+                        evicted, freed)
+        return freed
 
     # -- reads ---------------------------------------------------------------------------
 

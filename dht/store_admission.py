@@ -54,7 +54,8 @@ class StoreAdmission:
         self._quota = StoreQuota(source_quota=config.source_store_quota,
                                  peer_quota=config.peer_store_quota,
                                  window=config.store_quota_window, max_bytes=config.max_bytes,
-                                 measure=protocol.storage.stored_bytes)
+                                 measure=protocol.storage.stored_bytes,
+                                 evict=lambda size: protocol.storage.make_room(size=size))
         self._throttle = LogThrottle(log)
 
     def note_local_bytes(self, size: int) -> None:

@@ -174,16 +174,23 @@ def test_the_default_rate_limits_engage_on_the_measured_flood() -> None:
     assert allowed < 20_000 // 4
 
 
-async def test_the_total_byte_cap_holds_and_own_puts_are_kept(
+async def test_the_total_byte_cap_holds_by_evicting_the_oldest_and_own_puts_are_kept(
         network: Network, raw_peer: RawPeer) -> None:
     config = DhtConfig(rpc_timeout=1.0, maintenance_interval=3600, max_bytes=10 * 1024)
     node = await network.add(config=config)
     await raw_peer.introduce(node.address)
+    first = [raw_block(1024) for _ in range(9)]
     answers = await asyncio.gather(*(
-        raw_peer.call(node.address, "store", raw_peer.node_id, *raw_block(1024))
-        for _ in range(20)))
-    assert answers.count(True) == 10
-    assert node.stats.stores_over_byte_cap == 10
+        raw_peer.call(node.address, "store", raw_peer.node_id, *block) for block in first))
+    assert answers == [True] * 9 and node.stats.records_evicted == 0
+    later = [raw_block(1024) for _ in range(11)]
+    for block in later:  # one at a time: each over the cap makes room for itself
+        assert await raw_peer.call(node.address, "store", raw_peer.node_id, *block) is True
+    # Ten of 1 KiB fill the 10 KiB cap; each later one evicted the oldest held.
+    assert node.stats.stores_over_byte_cap == 0 and node.stats.records_evicted == 10
+    assert node.records.stored_bytes() <= config.max_bytes
+    assert not any(node.records.get(key) for key, _ in [*first, later[0]])
+    assert all(node.records.get(key) == value for key, value in later[1:])
     cid = await node.put(b"\x41" + bytes(3000))  # the node's own block is kept
     assert node.records.get(dht_key(cid)) is not None
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from dag import Identity
 from dag.cid import cid_of, cid_of_raw
+from dag.records import HeadsRecord
 from dag.store import BlockStore
 from dht import DhtStats, dht_key
 from dht.storage import RecordStorage
@@ -79,14 +81,56 @@ async def test_close_commits_what_is_queued(store: BlockStore) -> None:
     assert pending.result() == [True] and storage.get(key) == value
 
 
-def test_quota_refuses_new_keys_but_not_refreshes(store: BlockStore) -> None:
-    storage = storage_on(store, max_records=3)
-    held = [record() for _ in range(3)]
-    assert storage.offer_many(held) == [True] * 3
-    assert not storage.offer(*record())
-    assert storage.offer(*held[0])  # refreshing a held key is fine
-    assert storage._stats.stores_over_quota == 1
+def test_a_full_storage_evicts_the_oldest_record_but_never_a_heads_record(
+        store: BlockStore) -> None:
+    clock = [1000.0]
+    storage = RecordStorage(store, max_records=3, stats=DhtStats(), clock=lambda: clock[0])
+    identity = Identity.from_seed(b"h" * 32)
+    heads = HeadsRecord.create(identity, cid_of(b"\x00" * 8), 1, cid_of(b"\x00" * 8), [])
+    assert storage.offer(heads.key, heads.block)  # the oldest, but a heads record
+    clock[0] += 1
+    older, old = record(), record()
+    assert storage.offer_many([older, old]) == [True, True]
+    clock[0] += 1
+    assert storage.offer(*older)  # refreshing a held key evicts nothing
+    assert storage._stats.records_evicted == 0
+    clock[0] += 1
+    new = record()
+    assert storage.offer(*new)  # full: the oldest evictable record goes, not the record
+    assert storage._stats.records_evicted == 1 and storage._stats.stores_over_quota == 0
+    assert storage.get(old[0]) is None and storage.get(heads.key) == heads.block
+    assert storage.get(older[0]) == older[1] and storage.get(new[0]) == new[1]
     assert len(storage) == 3
+
+
+def test_copies_of_the_nodes_own_blocks_go_first(store: BlockStore) -> None:
+    clock = [1000.0]
+    storage = RecordStorage(store, max_records=3, stats=DhtStats(), clock=lambda: clock[0])
+    first = record()
+    storage.offer(*first)
+    clock[0] += 1
+    own_block = b"\x41" + bytes(40)
+    own = cid_of_raw(own_block)
+    store.put(own, own_block)  # pinned: the node's own (published, delivered)
+    assert storage.offer(dht_key(own), own_block)
+    clock[0] += 1
+    storage.offer(*record())
+    clock[0] += 1
+    assert storage.offer(*record())
+    # The copy of the node's own block went, though newer than the first record: the node
+    # still serves it from its store.
+    assert storage.get(dht_key(own)) is None and storage.get(first[0]) == first[1]
+    assert storage.local_block(dht_key(own)) == own_block
+
+
+def test_a_storage_holding_only_heads_records_refuses(store: BlockStore) -> None:
+    storage = storage_on(store, max_records=2)
+    identity = Identity.from_seed(b"r" * 32)
+    records = [HeadsRecord.create(identity, cid_of(bytes([i]) * 8), 1, cid_of(b"v"), [])
+               for i in range(2)]
+    assert storage.offer_many([(r.key, r.block) for r in records]) == [True, True]
+    assert not storage.offer(*record())
+    assert storage._stats.stores_over_quota == 1 and len(storage) == 2
 
 
 def test_republish_and_expiry_use_their_own_stamps(store: BlockStore) -> None:
