@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -88,8 +88,9 @@ class _Guarded(asyncio.Protocol):
         self._client = ""
         self._transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio.Transport: no isinstance).
+        transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         self._client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         refusal = self._guard.admit(self._client)

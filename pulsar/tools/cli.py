@@ -7,12 +7,15 @@ happen inside the handlers, so ``pulsarcast --help`` stays instant.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from pulsar.runtime.loop import LOOP_ENV, LOOPS
+from pulsar.runtime.loop import run as run_loop
 
 __all__ = ["main"]
 
@@ -30,12 +33,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.name == "dht":
         from pulsar.tools.bench.dht import bench_dht
 
-        _print_json(asyncio.run(bench_dht(nodes=args.nodes or 20, blocks=args.events or 2000)))
+        _print_json(run_loop(bench_dht(nodes=args.nodes or 20, blocks=args.events or 2000)))
         return 0
     if args.name == "tree":
         from pulsar.tools.bench.tree import bench_tree
 
-        _print_json(asyncio.run(bench_tree(nodes=args.nodes or 50, events=args.events or 500)))
+        _print_json(run_loop(bench_tree(nodes=args.nodes or 50, events=args.events or 500)))
         return 0
     if args.name == "delivery":
         from pulsar.tools.bench.delivery import bench_delivery
@@ -46,7 +49,7 @@ def _bench(args: argparse.Namespace) -> int:
             history=args.history or 10_000,
             seed=args.seed,
         )
-        _print_json(asyncio.run(figures))
+        _print_json(run_loop(figures))
         return 0
     if args.name == "publish":
         from pulsar.tools.bench.publish import bench_publish
@@ -54,7 +57,7 @@ def _bench(args: argparse.Namespace) -> int:
         figures = bench_publish(nodes=args.nodes or 20, events=args.events or 200,
                                 processes=args.processes, against=args.against)
         try:
-            _print_json(asyncio.run(figures))
+            _print_json(run_loop(figures))
         except ValueError as exc:  # bad arguments, said before anything is measured
             print(f"pulsarcast bench publish: {exc}", file=sys.stderr)
             return 2
@@ -63,18 +66,18 @@ def _bench(args: argparse.Namespace) -> int:
         from pulsar.tools.bench.topics import bench_topics
 
         figures = bench_topics(topics=args.topics or 1000, idle=args.seconds or 10.0)
-        _print_json(asyncio.run(figures))
+        _print_json(run_loop(figures))
         return 0
     if args.name == "abuse":
         from pulsar.tools.bench.abuse import bench_abuse
 
-        _print_json(asyncio.run(bench_abuse(events=args.events or 40)))
+        _print_json(run_loop(bench_abuse(events=args.events or 40)))
         return 0
     if args.name == "api":
         # The API sits above the node (api -> pulsar); only the command line reaches up to it.
         from pulsar.tools.bench.api import bench_api
 
-        _print_json(asyncio.run(bench_api(events=args.events or 10_000)))
+        _print_json(run_loop(bench_api(events=args.events or 10_000)))
         return 0
     if args.name == "spark":
         from pulsar.tools.bench.spark import bench_spark
@@ -84,7 +87,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.name == "transport":
         from pulsar.tools.bench.net import bench_transport
 
-        _print_json(asyncio.run(bench_transport(frames=args.events or 50_000)))
+        _print_json(run_loop(bench_transport(frames=args.events or 50_000)))
         return 0
     if args.name == "large" and args.sim:
         from pulsar.tools.sim.large import sim_large
@@ -106,7 +109,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.name == "large":
         from pulsar.tools.bench.large import bench_large
 
-        _print_json(asyncio.run(bench_large(
+        _print_json(run_loop(bench_large(
             nodes=args.nodes or 30, events=args.events or 5, mbps=args.mbps,
             link_ms=args.link_ms, interval=args.seconds or 4.0, seed=args.seed,
         )))
@@ -155,7 +158,7 @@ def _devnet(args: argparse.Namespace) -> int:
     from .runner import run_devnet
 
     data_dir = Path(args.data_dir) if args.data_dir else None
-    return asyncio.run(run_devnet(args.nodes, data_dir, args.json, args.base_port,
+    return run_loop(run_devnet(args.nodes, data_dir, args.json, args.base_port,
                                   args.api_base_port, args.api_host))
 
 
@@ -250,7 +253,7 @@ def _node(args: argparse.Namespace) -> int:
                             dht=DhtConfig(replicas=settings["replicas"]))
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    return asyncio.run(run_node(config, settings["api_host"], settings["api_port"],
+    return run_loop(run_node(config, settings["api_host"], settings["api_port"],
                                 settings["token"], args.json))
 
 
@@ -328,7 +331,7 @@ def _api_command(run: Any) -> Any:
                 return result
 
         try:
-            return asyncio.run(go())
+            return run_loop(go())
         except ApiError as exc:
             hint = " (pass --token or set PULSARCAST_TOKEN)" if exc.status == 401 else ""
             print(f"pulsarcast: {exc.kind} ({exc.status}): {exc.detail}{hint}",
@@ -822,7 +825,7 @@ def _doctor(args: argparse.Namespace) -> int:
             return await diagnose(client, args.url, args.token is not None,
                                   max_pending=max_pending)
 
-    findings = asyncio.run(go())
+    findings = run_loop(go())
     if args.json:
         for f in findings:
             print(json.dumps({"verdict": f.verdict, "check": f.what, "detail": f.detail}))
@@ -890,7 +893,7 @@ def _verify(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / (
         f"verify-{scenario.seed}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
-        outcome = asyncio.run(run_verify(scenario, out, quiet=args.quiet))
+        outcome = run_loop(run_verify(scenario, out, quiet=args.quiet))
     except RuntimeError as exc:
         print(f"pulsarcast verify: {exc}", file=sys.stderr)
         return 2
@@ -1004,6 +1007,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pulsarcast",
         description="Decentralised, persistent publish-subscribe over a Kademlia DHT.",
     )
+    parser.add_argument(
+        "--loop", choices=LOOPS, default=None,
+        help=f"event loop of this command and the processes it starts (default uvloop when "
+             f"installed; also ${LOOP_ENV})")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
     _add_devnet(sub)
@@ -1019,6 +1026,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.loop is not None:
+        os.environ[LOOP_ENV] = args.loop  # inherited by the processes it starts
     try:
         result: int = args.handler(args)
     except KeyboardInterrupt:

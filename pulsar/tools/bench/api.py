@@ -43,6 +43,7 @@ from api.server import ApiServer
 from dht import DhtConfig
 from pulsar import Node, NodeConfig
 from pulsar.proto.core import LONE_NODE
+from pulsar.runtime.loop import run as run_loop
 
 __all__ = ["bench_api"]
 
@@ -119,7 +120,7 @@ def _client_main(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         work = _client_read(spec["url"], spec["token"], spec["path"], spec["count"],
                             spec["marker"].encode())
-    return asyncio.run(work)
+    return run_loop(work)
 
 
 async def _in_client(spec: dict[str, Any]) -> dict[str, Any]:

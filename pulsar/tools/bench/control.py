@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from pulsar.runtime.loop import run as run_loop
+
 __all__ = ["CommandWorker", "WorkerProcess", "run_worker"]
 
 
@@ -111,7 +113,7 @@ def run_worker(make: Callable[[IO[str]], CommandWorker]) -> None:
         await _serve(make(channel))
 
     try:
-        asyncio.run(main())
+        run_loop(main())
     finally:
         channel.close()
 

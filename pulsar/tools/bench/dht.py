@@ -42,6 +42,7 @@ from dag.cid import RAW, cid_of_raw
 from dag.identity import Identity
 from dht.config import DhtConfig
 from dht.node import DhtNode
+from pulsar.runtime.loop import run as run_loop
 
 __all__ = ["bench_dht", "main"]
 
@@ -160,7 +161,7 @@ async def _stop_workers(workers: list[tuple[multiprocessing.process.BaseProcess,
 
 
 def _worker_main(conn: Connection, count: int, seed: list[tuple[str, int]], tmp: str) -> None:
-    asyncio.run(_worker(conn, count, seed, tmp))
+    run_loop(_worker(conn, count, seed, tmp))
 
 
 async def _worker(conn: Connection, count: int, seed: list[tuple[str, int]], tmp: str) -> None:
@@ -182,7 +183,7 @@ async def _worker(conn: Connection, count: int, seed: list[tuple[str, int]], tmp
 
 def main() -> None:
     """Print the figures as one JSON line (what the CLI's ``bench dht`` runs)."""
-    print(json.dumps(asyncio.run(bench_dht())))
+    print(json.dumps(run_loop(bench_dht())))
 
 
 if __name__ == "__main__":

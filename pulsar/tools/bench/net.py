@@ -20,6 +20,7 @@ import time
 from dag import Identity, PeerId
 from pulsar.net.config import TransportConfig
 from pulsar.net.transport import Transport
+from pulsar.runtime.loop import run as run_loop
 
 __all__ = ["bench_transport", "bench_transport_once"]
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     frames = int(args[0]) if args else 50000
     size = int(args[1]) if len(args) > 1 else 300
     rounds = int(args[2]) if len(args) > 2 else 5
-    print(json.dumps(asyncio.run(bench_transport(frames, size, rounds))))
+    print(json.dumps(run_loop(bench_transport(frames, size, rounds))))
 
 
 if __name__ == "__main__":

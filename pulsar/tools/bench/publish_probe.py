@@ -28,6 +28,7 @@ from typing import Any
 from dht import DhtConfig
 from pulsar.config import NodeConfig
 from pulsar.node import Node
+from pulsar.runtime.loop import run as run_loop
 
 from . import tree
 from .delivery import _publish, _settle, _start_network, _stop_all, _take
@@ -181,7 +182,7 @@ def main() -> None:
     parser.add_argument("--mode", action="append", choices=["quorum", "all"], required=True)
     args = parser.parse_args()
     figures = probe(args.nodes, args.events, args.mode, args.processes)
-    print(json.dumps(asyncio.run(figures)), flush=True)
+    print(json.dumps(run_loop(figures)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+"""The event loop the tools and the node run on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pulsar.runtime import loop
+
+
+async def _loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_uvloop_by_default_and_asyncio_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(loop.LOOP_ENV, raising=False)
+    assert loop.loop_name() == "uvloop"
+    assert loop.run(_loop_module()).startswith("uvloop")
+    monkeypatch.setenv(loop.LOOP_ENV, "asyncio")
+    assert loop.loop_name() == "asyncio"
+    assert loop.run(_loop_module()).startswith("asyncio")
+
+
+def test_an_unknown_loop_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(loop.LOOP_ENV, "trio")
+    with pytest.raises(ValueError, match="PULSARCAST_LOOP must be one of uvloop, asyncio"):
+        loop.loop_name()
