@@ -96,6 +96,7 @@ class Driver:
     ) -> None:
         self._config = config
         self._me = identity.peer_id
+        self._authored_by_me: dict[CID, bool] = {}
         self._state = state
         self._dht = dht
         self._transport = transport
@@ -174,17 +175,25 @@ class Driver:
 
     def _authored(self) -> list[CID]:
         """The topics this node follows and authored (read from the store at start-up,
-        before the core has them back)."""
+        before the core has them back). A topic's first version never changes, so each is
+        judged once: a node following 10,000 topics must not parse them every second."""
         authored = []
         for topic in self._state.subscriptions():
-            first = self.core.topic(topic)
-            if first is None:
-                block = self.writes.local_block(topic)
-                try:
-                    first = None if block is None else TopicDescriptor.from_block(block, topic)
-                except InvalidDescriptor:
-                    continue
-            if first is not None and first.author == self._me and not first.is_meta:
+            mine = self._authored_by_me.get(topic)
+            if mine is None:
+                first = self.core.topic(topic)
+                if first is None:
+                    block = self.writes.local_block(topic)
+                    try:
+                        first = None if block is None else TopicDescriptor.from_block(block,
+                                                                                      topic)
+                    except InvalidDescriptor:
+                        first = None
+                if first is None:
+                    continue  # not known yet: judged again at the next look
+                mine = first.author == self._me and not first.is_meta
+                self._authored_by_me[topic] = mine
+            if mine:
                 authored.append(topic)
         return authored
 
