@@ -6,8 +6,10 @@ A node that authored a topic and follows it cuts the topic's history into segmen
 delivery log (in delivery order: parents first), builds the segment's index, signs the
 checkpoint, stores the blocks in the DHT at the write quorum, and only then records it
 (``checkpoints`` table) and tells the core, whose next heads record names it
-(``CheckpointMade``). A store that misses the quorum is tried again at the next pass; the
-log does not move on until a checkpoint is stored.
+(``CheckpointMade``). A store that misses the quorum is tried again at the topic's next
+event or after the interval; the log does not move on until a checkpoint is stored. Only
+topics whose log grew (:meth:`CheckpointMaker.appended`, told by the write-behind) or
+whose interval ran out are looked at.
 
 A segment is the author's delivery log between two checkpoints, so every event the author
 delivered is in exactly one. An entry whose block is gone (cut by the topic's retention
@@ -100,6 +102,7 @@ class CheckpointMaker:
         store: BlockStore,
         dht: DhtNode,
         authored: Callable[[], Iterable[CID]],
+        is_authored: Callable[[CID], bool],
         made: Callable[[CID, CID], None],
         *,
         every: int,
@@ -113,26 +116,48 @@ class CheckpointMaker:
         self._store = store
         self._dht = dht
         self._authored = authored
+        self._is_authored = is_authored
         self._made = made
         self._every = every
         self._interval = interval
         self._quorum = quorum
         self.table = CheckpointTable(store)
         self._since: dict[CID, float] = {}
+        self._dirty: set[CID] = set()
+        """Topics whose log grew since the last pass (``appended``)."""
+        self._waiting: dict[CID, float] = {}
+        """Topics with entries no checkpoint took yet, and since when they wait: cut once
+        ``interval`` passed even if no more come."""
         self.made = 0
         """Checkpoints made since the node started (a metric)."""
         self.failed = 0
         """Checkpoint stores that missed the write quorum (tried again later)."""
 
+    def appended(self, topic: CID) -> None:
+        """``topic``'s delivery log grew: look at it at the next pass."""
+        self._dirty.add(topic)
+
     async def run_forever(self, clock: Callable[[], float]) -> None:
+        """Every :data:`CHECK_EVERY` seconds, cut what is due: in the topics whose log grew
+        since the last pass and those whose wait reached ``interval`` — not every topic
+        this node follows (10,000 would cost two queries each, every second). The first
+        pass looks at every authored topic (entries logged before a restart)."""
+        self._dirty.update(self._authored())
         while True:
             await asyncio.sleep(CHECK_EVERY)
-            for topic in list(self._authored()):
+            now = clock()
+            due = [t for t, since in self._waiting.items() if now - since >= self._interval]
+            dirty, self._dirty = self._dirty, set()
+            for topic in dict.fromkeys([*dirty, *due]):
+                if not self._is_authored(topic):
+                    self._waiting.pop(topic, None)
+                    continue
                 try:
-                    while await self.cut(topic, clock()) is not None:
+                    while await self.cut(topic, now) is not None:
                         pass
                 except (sqlite3.Error, LookupError, CheckpointError, OSError) as exc:
                     log.warning("checkpoint of %s: %s", topic, exc)
+                    self._waiting.setdefault(topic, now)  # tried again after the interval
 
     def announce(self) -> None:
         """Tell the core the newest checkpoint of every authored topic (after a restart,
@@ -150,9 +175,11 @@ class CheckpointMaker:
         waiting = self._state.log_last_seq(topic) - start
         if waiting <= 0:
             self._since.pop(topic, None)
+            self._waiting.pop(topic, None)
             return None
         since = self._since.setdefault(topic, now) if last is None else last.made_at
         if waiting < self._every and now - since < self._interval:
+            self._waiting[topic] = since
             return None
         rows = self._state.log_blocks(topic, after_seq=start, limit=self._every)
         entries: list[tuple[int, CID]] = []
@@ -179,6 +206,7 @@ class CheckpointMaker:
         short = [r for r in results if r.acks < self._quorum]
         if short:
             self.failed += 1
+            self._waiting.setdefault(topic, now)
             log.warning("checkpoint %d of %s stored on fewer than %d DHT nodes; trying again",
                         number, topic, self._quorum)
             return None

@@ -123,9 +123,11 @@ class Driver:
             )
         self.payloads = Payloads(config, store, dht, self.writes, self.spawn)
         self.checkpoints = CheckpointMaker(
-            identity, state, store, dht, self._authored, self._checkpoint_made,
+            identity, state, store, dht, self._authored, self._is_authored,
+            self._checkpoint_made,
             every=config.checkpoint_every, interval=config.checkpoint_interval,
             quorum=max(1, config.core.min_acks) if config.core.min_acks else 0)
+        self.writes.on_append.append(self.checkpoints.appended)
         self.subscriptions: dict[CID, list[Subscription]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self._record_writes: set[asyncio.Task[Any]] = set()
@@ -174,28 +176,27 @@ class Driver:
             self.spawn(self.checkpoints.run_forever(clock))
 
     def _authored(self) -> list[CID]:
-        """The topics this node follows and authored (read from the store at start-up,
-        before the core has them back). A topic's first version never changes, so each is
+        """The topics this node follows and authored."""
+        return [t for t in self._state.subscriptions() if self._is_authored(t)]
+
+    def _is_authored(self, topic: CID) -> bool:
+        """Whether ``topic`` is one this node authored (read from the store at start-up,
+        before the core has it back). A topic's first version never changes, so each is
         judged once: a node following 10,000 topics must not parse them every second."""
-        authored = []
-        for topic in self._state.subscriptions():
-            mine = self._authored_by_me.get(topic)
-            if mine is None:
-                first = self.core.topic(topic)
-                if first is None:
-                    block = self.writes.local_block(topic)
-                    try:
-                        first = None if block is None else TopicDescriptor.from_block(block,
-                                                                                      topic)
-                    except InvalidDescriptor:
-                        first = None
-                if first is None:
-                    continue  # not known yet: judged again at the next look
-                mine = first.author == self._me and not first.is_meta
-                self._authored_by_me[topic] = mine
-            if mine:
-                authored.append(topic)
-        return authored
+        mine = self._authored_by_me.get(topic)
+        if mine is None:
+            first = self.core.topic(topic)
+            if first is None:
+                block = self.writes.local_block(topic)
+                try:
+                    first = None if block is None else TopicDescriptor.from_block(block, topic)
+                except InvalidDescriptor:
+                    first = None
+            if first is None:
+                return False  # not known yet: judged again when asked again
+            mine = first.author == self._me and not first.is_meta
+            self._authored_by_me[topic] = mine
+        return mine
 
     def _checkpoint_made(self, topic: CID, checkpoint: CID) -> None:
         self._handle_unless_stopped(ev.CheckpointMade(topic, checkpoint))

@@ -61,6 +61,8 @@ class WriteBehind:
         self._state = state
         self._heads = heads
         self._retention = retention
+        self.on_append: list[Callable[[CID], None]] = []
+        """Told each topic whose delivery log grew, after the flush that grew it."""
         self._blocks: dict[CID, bytes] = {}
         self._log: dict[CID, list[CID]] = {}
         self._kept: list[tuple[CID, CID]] = []
@@ -193,6 +195,8 @@ class WriteBehind:
                     except Exception as exc:  # cut at the next append; nothing is lost
                         log.warning("could not apply the retention of %s: %s", topic, exc)
                 self.wake(topic)
+                for hook in self.on_append:
+                    hook(topic)
                 self._outbox_delivered(topic, cids)
         if self._kept and failure is None:
             kept, self._kept = self._kept, []

@@ -46,6 +46,7 @@ class Network:
         self.nodes: list[Node] = []
         self.drop_rate = 0.0
         self.checkpoint_every = 1000  # NodeConfig's default
+        self.checkpoint_interval = 600.0
 
     def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
         faults = FaultInjector(seed=index, drop_rate=self.drop_rate) if self.drop_rate else None
@@ -57,6 +58,7 @@ class Network:
             transport=FAST_TRANSPORT,
             faults=faults,
             checkpoint_every=self.checkpoint_every,
+            checkpoint_interval=self.checkpoint_interval,
         )
 
     async def start(self, count: int) -> list[Node]:

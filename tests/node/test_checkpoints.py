@@ -151,3 +151,24 @@ async def test_a_revoked_publishers_checkpointed_events_replay_from_a_time(
     await eventually(record_names_it, timeout=15)
     got = [e.cid async for e in reader.replay(topic.cid, since=0.0)]
     assert got == [e.cid for e in published]
+
+
+async def test_a_quiet_topic_is_checkpointed_after_the_interval(network: Network) -> None:
+    """Fewer events than ``checkpoint_every`` are checkpointed once ``checkpoint_interval``
+    passed since they waited; later ones wait for the next interval."""
+    network.checkpoint_every, network.checkpoint_interval = 100, 1.5
+    nodes = await network.start(4)
+    author = nodes[0]
+    topic = await author.create_topic("quiet")
+    sub = await author.subscribe(topic.cid)
+    for i in range(3):
+        await author.publish(topic.cid, b"%d" % i)
+    await collect(sub, 3)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 1, timeout=15)
+    first = author._driver.checkpoints.table.last(topic.cid)
+    assert first is not None and first.count == 3
+    await author.publish(topic.cid, b"later")
+    await collect(sub, 1)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 2, timeout=15)
+    second = author._driver.checkpoints.table.last(topic.cid)
+    assert second is not None and second.count == 4 and second.made_at - first.made_at >= 1.5
