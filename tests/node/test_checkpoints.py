@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -19,6 +20,16 @@ from tests.waiting import eventually
 from .conftest import Network, collect
 
 
+async def _next_millisecond() -> None:
+    """Return once the clock is in a later millisecond than when called (events published
+    after it have distinct ``created`` times to seek between), polling with a deadline."""
+    start = int(time.time() * 1000)
+    deadline = time.monotonic() + 1.0
+    while int(time.time() * 1000) == start:
+        assert time.monotonic() < deadline, "the clock did not move"
+        await asyncio.sleep(0)
+
+
 async def test_a_reader_seeks_through_the_authors_checkpoints(network: Network) -> None:
     network.checkpoint_every = 5
     nodes = await network.start(6)
@@ -28,7 +39,7 @@ async def test_a_reader_seeks_through_the_authors_checkpoints(network: Network) 
     published = []
     for i in range(23):
         published.append(await author.publish(topic.cid, b"event %d" % i))
-        await asyncio.sleep(0.002)  # distinct created milliseconds, to seek between
+        await _next_millisecond()  # distinct created milliseconds, to seek between
     await collect(sub, 23)
     # Four checkpoints of five events; the last three wait for the next one (or the
     # interval). The author's heads record names the newest.
@@ -106,7 +117,7 @@ async def test_the_rest_replay_streams_a_long_history_from_a_time(
     published = []
     for i in range(13):
         published.append(await author.publish(topic.cid, b"%d" % i))
-        await asyncio.sleep(0.002)
+        await _next_millisecond()
     await collect(sub, 13)
     await eventually(lambda: author.metrics["checkpoints_made"] == 3, timeout=15)
     server = await ApiServer.start(reader)
