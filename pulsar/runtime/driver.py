@@ -126,7 +126,7 @@ class Driver:
             identity, state, store, dht, self._authored, self._is_authored,
             self._checkpoint_made,
             every=config.checkpoint_every, interval=config.checkpoint_interval,
-            quorum=max(1, config.core.min_acks) if config.core.min_acks else 0)
+            quorum=config.core.min_acks)
         self.writes.on_append.append(self.checkpoints.appended)
         self.subscriptions: dict[CID, list[Subscription]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
