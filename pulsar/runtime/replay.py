@@ -216,10 +216,7 @@ async def _walk(
 
     async def block_of(cid: CID) -> bytes | None:
         async with slots:
-            try:  # the local store first, then the DHT: both verified against the CID
-                return await node.dht.get(cid)
-            except (BlockNotFound, TimeoutError):
-                return None
+            return await _fetch(node, cid)
 
     def want(cid: CID) -> None:
         if cid != since and cid not in wanted and cid not in stop:
@@ -332,10 +329,7 @@ async def _from_checkpoints(
     created earlier than that (a long partition healing) is found once the next
     checkpoint covers it."""
     async def get(cid: CID) -> bytes | None:
-        try:
-            return await node.dht.get(cid)
-        except (BlockNotFound, TimeoutError):
-            return None
+        return await _fetch(node, cid)
 
     author = first.author
     latest = await fetch_checkpoint(get, newest, author, first.cid)
@@ -407,3 +401,12 @@ async def _segment_events(
     finally:
         for _, task in window:
             task.cancel()
+
+
+async def _fetch(node: ReplaySource, cid: CID) -> bytes | None:
+    """``cid``'s block from the local store, else the DHT (verified against the CID by
+    both); None when nobody has it."""
+    try:
+        return await node.dht.get(cid)
+    except (BlockNotFound, TimeoutError):
+        return None
