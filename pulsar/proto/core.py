@@ -53,7 +53,7 @@ from pulsar.proto.topic.dissemination import Accepted, Dissemination, FlowOut, P
 from pulsar.proto.topic.edges import TreeEdges
 from pulsar.proto.topic.lifecycle import ArmRecord, FollowMeta, LifeOut, StartSync, TreeLifecycle
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
-from pulsar.proto.tree.routing import Routing, TreeRouter, TreeView
+from pulsar.proto.tree.routing import Routing, Tree, TreeRouter, TreeView
 from pulsar.proto.tree.rtt import RttConfig, RttTable
 from pulsar.proto.versions.adoption import (
     Adopted,
@@ -183,7 +183,7 @@ class PulsarCore:
                     tree = self._trees.get(event.topic)
                     out = self._command(self.commands.records_fetched(
                         event, tree is not None, self.backfill.heads(event.topic),
-                        None if tree is None else tree.last_seen, now), now)
+                        self._persisted_tip(tree), now), now)
                 else:
                     out = self._pub(self.publisher.on_records(event, now), now)
             case ev.Subscribe():
@@ -198,7 +198,7 @@ class PulsarCore:
                 tree = self._trees.get(event.topic)
                 out = self._command(self.commands.update(
                     event, tree is not None, self.backfill.heads(event.topic),
-                    None if tree is None else tree.last_seen, now), now)
+                    self._persisted_tip(tree), now), now)
             case ev.Flush():
                 out = self.publisher.records.flush(self._trees.values(), now)
             case ev.Start():
@@ -234,6 +234,13 @@ class PulsarCore:
     def heads(self, topic: CID) -> list[CID]:
         """The topic's DAG tips here (what a restarted node asks its neighbours after)."""
         return list(self.backfill.heads(topic))
+
+    def _persisted_tip(self, tree: Tree | None) -> CID | None:
+        """The newest event of ours a topic version may record as a head: what LAST_SEEN
+        links next, or its nearest ancestor in the DHT while that one is still being
+        stored. A version naming an event that then fails its write quorum would make
+        every adopter fetch and deliver an event whose publish was refused."""
+        return None if tree is None else self.publisher.stores.last_persisted(tree.last_seen)
 
     def last_seen(self, topic: CID) -> CID | None:
         """What this node's next LAST_SEEN event would link as parent."""

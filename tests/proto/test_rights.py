@@ -169,6 +169,32 @@ def test_update_records_the_heads_stores_then_announces_on_the_meta_topic() -> N
     assert ev.TopicReady(2, v2) in out
 
 
+def test_a_version_never_records_an_event_of_ours_still_being_stored() -> None:
+    """CI, verify seed 11: the author revoked a publisher while its own event was still
+    on its way into the DHT. The new version named that event as a head; the store then
+    missed its quorum and the publish was told "not persisted", yet every node that
+    adopted the version fetched the event from the replicas that had it and delivered it.
+    A version records only the newest event of ours that is persisted."""
+    meta, v1 = _topic(allowed_publishers=[BOB.peer_id])
+    author = PulsarCore(AUTHOR, NoRouting())
+    author.handle(ev.Subscribe(meta, True, 0.0), 10.0)
+    author.handle(ev.Subscribe(v1, True, 0.0), 10.0)
+    (first,) = author.handle(ev.Publish(v1.cid, b"persisted", None, 1), 11.0)
+    assert isinstance(first, ev.StoreDht)
+    author.handle(ev.DhtStored(first.cid, 2), 11.1)
+    (pending,) = author.handle(ev.Publish(v1.cid, b"still being stored", None, 2), 11.2)
+    assert isinstance(pending, ev.StoreDht)
+    assert EventDescriptor.from_block(pending.block).parent == first.cid
+    author.handle(ev.UpdateTopic(3, v1.cid, ev.TopicChanges(
+        allowed_publishers=PublishRule(True, ()))), 12.0)
+    out = author.handle(ev.RecordsFetched(v1.cid, (), 3), 12.05)
+    (store,) = [o for o in out if isinstance(o, ev.StoreDht)]
+    v2 = TopicDescriptor.from_block(store.block)
+    assert v2.heads == (first.cid,)
+    out = author.handle(ev.DhtStored(pending.cid, 0), 12.1)
+    assert [o.kind for o in out if isinstance(o, ev.CommandFailed)] == ["unpersisted"]
+
+
 def test_a_revocation_records_what_the_revoked_publisher_was_acknowledged_for() -> None:
     """Issue #28 (verify, 25 nodes, seed 2): Bob's last events were acknowledged — named by
     his heads record at quorum — but had not reached the author when the author revoked

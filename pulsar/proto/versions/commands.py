@@ -93,7 +93,7 @@ class TopicCommands:
         now: float,
     ) -> list[CommandItem]:
         """Start an update. ``heads`` are the topic's heads known here and ``last_seen``
-        the event this node links next (its own may still be on its way into the DHT)."""
+        this node's newest event in the DHT (never one still being stored: it may fail)."""
         current = self._versions.latest(cmd.topic)
         if not in_tree or current is None:
             return [ev.CommandFailed(cmd.request, "not in this topic's tree; subscribe first")]
