@@ -560,7 +560,10 @@ class _Checker:
             pub.cid, pub.seen_at = cid, at
             self.matched[(topic, cid)] = pub
         if pub.outcome == "fail":
-            return None, f"its publish (op {pub.invoke.index}) was told fail"
+            assert pub.end is not None
+            error = pub.end.value.get("error", "")
+            return None, (f"its publish (op {pub.invoke.index}) was told fail "
+                          f"(op {pub.end.index}: {error})")
         return pub, ""
 
     def _compare(self, pub: _Publish, sha: str, content_type: str) -> str:
