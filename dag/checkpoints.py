@@ -23,7 +23,7 @@ causal order: parents first). A checkpoint carries
 ``last_ms >= T`` (``last_ms`` only grows); from the newest checkpoint a reader jumps each
 time to the farthest skip that still reaches ``T``, which halves the distance left, so
 it needs at most ``log2(n)`` checkpoint fetches, then one index block per level of the
-segment's tree (two for segments up to 65,536 events). A position works the same way
+segment's tree (two for segments up to 12,544 events). A position works the same way
 with ``count``. Every checkpoint fetched is checked: its signature, that the topic's
 author made it, and that it is the checkpoint the link that led to it described
 (number, count, last_ms): a forged or out-of-order checkpoint is refused.
@@ -63,8 +63,11 @@ __all__ = [
 
 CHECKPOINT_TYPE: Final = "pulsarcast/checkpoint/1"
 INDEX_TYPE: Final = "pulsarcast/cpindex/1"
-INDEX_FANOUT: Final = 256
-"""Entries per index block: a leaf of 256 entries is about 12 KiB."""
+INDEX_FANOUT: Final = 112
+"""Entries per index block, so that every block fits one DHT STORE (8,137 bytes): a leaf
+entry is at most 51 bytes (an array head, a 9-byte integer, a 41-byte link), an inner one
+65 (two times, a count up to 2^32, a link), so an inner block of 112 is at most ~7.3 KB.
+A segment of up to 12,544 events is two levels deep."""
 MAX_CHECKPOINT_HEADS: Final = 64
 MAX_SKIPS: Final = 63
 MAX_CHECKPOINT_SIZE: Final = 16 * 1024

@@ -158,6 +158,10 @@ class CheckpointMaker:
                 except (sqlite3.Error, LookupError, CheckpointError, OSError) as exc:
                     log.warning("checkpoint of %s: %s", topic, exc)
                     self._waiting.setdefault(topic, now)  # tried again after the interval
+                except Exception:  # a bug: logged, and the other topics still checkpointed
+                    self.failed += 1
+                    log.exception("checkpoint of %s failed", topic)
+                    self._waiting.setdefault(topic, now)
 
     def announce(self) -> None:
         """Tell the core the newest checkpoint of every authored topic (after a restart,

@@ -133,7 +133,8 @@ def test_the_index_spans_levels_and_streams_from_any_offset() -> None:
         for offset in (0, 1, INDEX_FANOUT - 1, INDEX_FANOUT, len(entries) - 1):
             got = [e async for e in entries_from(chain.get, checkpoint, offset)]
             assert got == entries[offset:]
-        assert await seek_in_segment(chain.get, checkpoint, at_ms=1000 + 600) == 600
+        middle = len(entries) // 2
+        assert await seek_in_segment(chain.get, checkpoint, at_ms=1000 + middle) == middle
 
     asyncio.run(run())
 
@@ -203,3 +204,21 @@ def test_malformed_checkpoints_are_refused() -> None:
                           index=c.index, skips=skips)
     with pytest.raises(CheckpointError, match="not"):
         Checkpoint.from_block(c.block, chain.checkpoints[0].cid)  # not the CID asked for
+
+
+def test_every_index_block_and_checkpoint_fits_one_dht_store() -> None:
+    """A checkpoint's blocks go into the DHT with ``put_many``, which refuses a block over
+    one STORE: with a fanout of 256 the maker's first checkpoint of 1,000 events raised
+    BlockTooLarge and stopped the node's checkpointing. Largest entries: 9-byte times,
+    counts over 2^16, 64 heads and 40 skips."""
+    from dht.keys import MAX_BLOCK_SIZE
+
+    size = INDEX_FANOUT**2 + 1
+    ms = 2**53 - 1 - size  # the largest time allowed, less the segment
+    entries = [(ms + i, cid_of(encode({"e": i}))) for i in range(size)]
+    heads = [cid for _, cid in entries[:64]]
+    checkpoint, blocks = make_checkpoint(
+        AUTHOR, TOPIC, 2**40 + 1, entries, heads,
+        lambda n: Skip(n, 2**40 + n, ms, cid_of(encode({"c": n}))), now=1.0)
+    assert len(checkpoint.skips) >= 40 and len(checkpoint.heads) == 64
+    assert max(len(block) for _, block in blocks) <= MAX_BLOCK_SIZE
