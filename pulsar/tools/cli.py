@@ -101,6 +101,17 @@ def _bench(args: argparse.Namespace) -> int:
 
         _print_json(bench_replay_memory(events=args.events or 1_000_000))
         return 0
+    if args.name == "retention":
+        from pulsar.tools.bench.retention import bench_retention
+
+        try:
+            figures = bench_retention(rate=args.rate or 50.0, seconds=args.seconds or 1800.0,
+                                      max_events=args.events or 10_000)
+            _print_json(run_loop(figures))
+        except ValueError as exc:
+            print(f"pulsarcast bench retention: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.name == "seek":
         from pulsar.tools.bench.seek import bench_seek
 
@@ -123,17 +134,22 @@ def _add_bench(sub: Any) -> None:
     bench.add_argument(
         "name",
         choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish",
-                 "replay-memory", "seek", "spark", "topics", "tree", "transport"],
+                 "replay-memory", "retention", "seek", "spark", "topics", "tree",
+                 "transport"],
         help="which benchmark",
     )
-    bench.add_argument("--events", type=int, default=None, help="workload size")
+    bench.add_argument("--events", type=int, default=None,
+                       help="workload size (retention: the topic's max_events, 10000)")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
     bench.add_argument("--seconds", type=float, default=None,
-                       help="time per measured rate (codec: 1); idle window (topics: 10)")
+                       help="time per measured rate (codec: 1); idle window (topics: 10); "
+                            "publishing time (retention: 1800)")
     bench.add_argument("--topics", type=int, default=None, help="topics known (topics: 1000)")
     bench.add_argument(
         "--history", type=int, default=None, help="events to backfill and replay (delivery)"
     )
+    bench.add_argument("--rate", type=float, default=None,
+                       help="events published per second (retention: 50)")
     bench.add_argument("--seed", type=int, default=1,
                        help="fault and crash seed (delivery); link seed (large)")
     bench.add_argument("--processes", type=int, default=None,
