@@ -18,16 +18,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from typing import Any, cast
+from collections.abc import Coroutine
+from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
 from .limits import ServerLimits
 from .problems import PROBLEM_BASE, PROBLEM_TYPES
 
-__all__ = ["ConnectionGuard", "GuardedSite"]
+__all__ = ["GUARD_KEY", "ClientGone", "ConnectionGuard", "GuardedSite", "unless_client_gone"]
 
 REFUSED_LINGER_S = 1.0
+
+T = TypeVar("T")
 
 
 def _refusal(detail: str) -> bytes:
@@ -48,6 +51,7 @@ class ConnectionGuard:
         self.total = 0
         self.refused = 0
         self.transports: set[asyncio.Transport] = set()
+        self._lost: dict[asyncio.Transport, asyncio.Future[None]] = {}
 
     def admit(self, client: str) -> str | None:
         """``None`` if a connection from ``client`` may open, else why not."""
@@ -70,6 +74,22 @@ class ConnectionGuard:
             del self.per_client[client]
         self.total -= 1
         self.transports.discard(transport)
+        lost = self._lost.pop(transport, None)
+        if lost is not None and not lost.done():
+            lost.set_result(None)
+
+    def lost(self, transport: asyncio.Transport) -> asyncio.Future[None]:
+        """A future done once ``transport``'s connection is closed (done already if it
+        is): aiohttp does not cancel a handler whose client went away, so a handler that
+        waits long (a consumer's fetch) races its wait against this."""
+        future = self._lost.get(transport)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            if transport in self.transports:
+                self._lost[transport] = future
+            else:
+                future.set_result(None)
+        return future
 
     def buffered(self) -> int:
         """Bytes waiting in the send buffers of every open connection (for tests/metrics)."""
@@ -159,3 +179,34 @@ class GuardedSite(web.BaseSite):
 
         self._server = await loop.create_server(
             factory, self._host, self._port, backlog=self._backlog, reuse_address=True)
+
+
+GUARD_KEY: web.AppKey[ConnectionGuard] = web.AppKey("connections", ConnectionGuard)
+"""The server's :class:`ConnectionGuard` (absent where the app is served another way)."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection while the handler waited."""
+
+
+async def unless_client_gone(request: web.Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` until it is done or the request's client closes its connection; then
+    ``work`` is cancelled and :class:`ClientGone` raised. A consumer's long poll must not
+    go on after its client is gone: what it took then would be handed out to nobody and
+    cost a delivery attempt."""
+    guard = request.app.get(GUARD_KEY)
+    transport = request.transport
+    if guard is None or transport is None:
+        return await work
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    waits: list[asyncio.Future[Any]] = [task, guard.lost(transport)]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task})  # its end (cancelled), without raising it here
+    raise ClientGone

@@ -38,6 +38,7 @@ from pulsar.runtime.consumer_config import (
 from pulsar.runtime.consumers import ConsumerInfo, ConsumerMessage
 
 from .common import check_fields, json_body, json_response, node_of, topic_of
+from .connections import ClientGone, unless_client_gone
 from .history import HEARTBEAT_KEY, HEARTBEAT_S, parse_time
 from .problems import Problem
 from .topics import event_view
@@ -195,7 +196,11 @@ async def fetch(request: web.Request) -> web.Response:
     expires = float(_number(body, "expires", 0.0, 0.0, MAX_EXPIRES, integer=False))
     expires = min(expires, request.app.get(FETCH_WAIT_KEY, MAX_EXPIRES))
     with _problems():
-        messages = await node.consumers.fetch(topic, name, batch, expires)
+        try:
+            messages = await unless_client_gone(
+                request, node.consumers.fetch(topic, name, batch, expires))
+        except ClientGone:  # nothing was taken for it; nobody reads an answer
+            return web.Response(status=499)
     return json_response({"messages": [await _message_json(node, m) for m in messages]})
 
 
@@ -261,8 +266,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
                 await response.write(b'event: end\ndata: {"reason": "node stopping"}\n\n')
                 break
             try:
-                messages = await node.consumers.fetch(topic, name, STREAM_BATCH,
-                                                      min(heartbeat, MAX_EXPIRES))
+                messages = await unless_client_gone(request, node.consumers.fetch(
+                    topic, name, STREAM_BATCH, min(heartbeat, MAX_EXPIRES)))
+            except ClientGone:
+                return response
             except ConsumerNotFound:
                 await response.write(b'event: end\ndata: {"reason": "deleted"}\n\n')
                 break

@@ -20,7 +20,7 @@ from pulsar.runtime.consumer_config import MAX_EXPIRES
 from . import consumers, history, node_info, page, replay, topics
 from .auth import auth_middleware, load_or_create_token
 from .common import LIMITS_KEY, NODE, json_response
-from .connections import ConnectionGuard, GuardedSite
+from .connections import GUARD_KEY, ConnectionGuard, GuardedSite
 from .limits import BODY_BYTES, ServerLimits
 from .openapi import openapi_document
 from .problems import problem_middleware
@@ -88,8 +88,10 @@ class ApiServer:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0,
                                keepalive_timeout=limits.header_timeout,
                                lingering_time=LINGER_S)
+        guard = ConnectionGuard(limits)
+        app[GUARD_KEY] = guard
         await runner.setup()
-        site = GuardedSite(runner, host, port, ConnectionGuard(limits))
+        site = GuardedSite(runner, host, port, guard)
         await site.start()
         return cls(runner, site, token)
 

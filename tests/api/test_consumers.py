@@ -148,6 +148,32 @@ async def test_rest_pull_acks_and_errors(apis: list[Api]) -> None:
     assert status == 400 and problem["type"] == BASE + "invalid-field"
 
 
+async def test_a_fetch_whose_client_went_away_takes_nothing(apis: list[Api]) -> None:
+    """aiohttp does not cancel a handler whose client disconnected: a long poll went on
+    waiting, took the next event for nobody, and the consumer saw it only after ack_wait,
+    as a second delivery. Now the wait ends with the connection."""
+    author, reader, _ = apis
+    cid = await _topic_followed_by(author, reader, "abandoned")
+    path = f"/v1/topics/{cid}/consumers"
+    status, _ = await reader.call("POST", path, json={"name": "w", "ack_wait": 60})
+    assert status == 201
+    guard = reader.server.guard
+    waiting = asyncio.create_task(reader.call("POST", f"{path}/w/fetch",
+                                              json={"batch": 1, "expires": 60}))
+    consumers = reader.node.consumers
+    await eventually(lambda: bool(consumers._signals), timeout=10, what="the fetch waiting")
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    await eventually(lambda: not guard._lost, timeout=10, what="the connection closed")
+    (event,) = await _publish(author, cid, {"n": 1})
+    await _logged(reader, cid, 1)
+    status, page = await reader.call("POST", f"{path}/w/fetch",
+                                     json={"batch": 1, "expires": 10})
+    assert status == 200
+    assert [(m["cid"], m["delivery"]["count"]) for m in page["messages"]] == [(event, 1)]
+
+
 async def test_rest_commit_settles_up_to_a_position(apis: list[Api]) -> None:
     """A reader by position (the Spark source) settles what it read with one call."""
     author, reader, _ = apis
