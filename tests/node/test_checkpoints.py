@@ -183,3 +183,24 @@ async def test_a_quiet_topic_is_checkpointed_after_the_interval(network: Network
     await eventually(lambda: author.metrics["checkpoints_made"] == 2, timeout=15)
     second = author._driver.checkpoints.table.last(topic.cid)
     assert second is not None and second.count == 4 and second.made_at - first.made_at >= 1.5
+
+
+async def test_a_segment_of_several_index_blocks_is_stored_in_the_dht(network: Network) -> None:
+    """A segment bigger than one index block: every block goes through a real DHT STORE
+    (with a fanout of 256 the leaf of a 1,000-event segment was over the STORE limit, and
+    the exception ended the author's checkpointing)."""
+    from dag.checkpoints import INDEX_FANOUT
+
+    size = 2 * INDEX_FANOUT + 1
+    network.checkpoint_every = size
+    nodes = await network.start(3)
+    author, reader = nodes[0], nodes[2]
+    topic = await author.create_topic("wide segments")
+    for i in range(size):
+        await author.publish(topic.cid, b"event %d" % i)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 1, timeout=30)
+    newest = author._driver.checkpoints.table.last(topic.cid)
+    assert newest is not None and newest.count == size
+    assert author.metrics["checkpoint_stores_failed"] == 0
+    got = [e async for e in reader.replay(topic.cid, since=0.0)]
+    assert len(got) == size
