@@ -16,155 +16,9 @@ from typing import Any
 
 from pulsar.runtime.loop import LOOP_ENV, LOOPS
 from pulsar.runtime.loop import run as run_loop
+from pulsar.tools.bench.command import add_bench
 
 __all__ = ["main"]
-
-
-def _print_json(figures: dict[str, Any]) -> None:
-    print(json.dumps(figures, sort_keys=False), flush=True)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    if args.name == "codec":
-        from pulsar.tools.bench.codec import bench_codec
-
-        _print_json(bench_codec(events=args.events or 2000, seconds=args.seconds or 1.0))
-        return 0
-    if args.name == "dht":
-        from pulsar.tools.bench.dht import bench_dht
-
-        _print_json(run_loop(bench_dht(nodes=args.nodes or 20, blocks=args.events or 2000)))
-        return 0
-    if args.name == "tree":
-        from pulsar.tools.bench.tree import bench_tree
-
-        _print_json(run_loop(bench_tree(nodes=args.nodes or 50, events=args.events or 500)))
-        return 0
-    if args.name == "delivery":
-        from pulsar.tools.bench.delivery import bench_delivery
-
-        figures = bench_delivery(
-            nodes=args.nodes or 30,
-            events=args.events or 300,
-            history=args.history or 10_000,
-            seed=args.seed,
-        )
-        _print_json(run_loop(figures))
-        return 0
-    if args.name == "publish":
-        from pulsar.tools.bench.publish import bench_publish
-
-        figures = bench_publish(nodes=args.nodes or 20, events=args.events or 200,
-                                processes=args.processes, against=args.against)
-        try:
-            _print_json(run_loop(figures))
-        except ValueError as exc:  # bad arguments, said before anything is measured
-            print(f"pulsarcast bench publish: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if args.name == "topics":
-        from pulsar.tools.bench.topics import bench_topics
-
-        figures = bench_topics(topics=args.topics or 1000, idle=args.seconds or 10.0)
-        _print_json(run_loop(figures))
-        return 0
-    if args.name == "abuse":
-        from pulsar.tools.bench.abuse import bench_abuse
-
-        _print_json(run_loop(bench_abuse(events=args.events or 40)))
-        return 0
-    if args.name == "api":
-        # The API sits above the node (api -> pulsar); only the command line reaches up to it.
-        from pulsar.tools.bench.api import bench_api
-
-        _print_json(run_loop(bench_api(events=args.events or 10_000)))
-        return 0
-    if args.name == "spark":
-        from pulsar.tools.bench.spark import bench_spark
-
-        _print_json(bench_spark(events=args.events or 100_000))
-        return 0
-    if args.name == "transport":
-        from pulsar.tools.bench.net import bench_transport
-
-        _print_json(run_loop(bench_transport(frames=args.events or 50_000)))
-        return 0
-    if args.name == "large" and args.sim:
-        from pulsar.tools.sim.large import sim_large
-
-        _print_json(sim_large(nodes=args.nodes or 1000, events=args.events or 3,
-                              mbps=args.mbps, link_ms=args.link_ms, seed=args.seed,
-                              interval=args.seconds or 4.0))
-        return 0
-    if args.name == "replay-memory":
-        from pulsar.tools.bench.replay_memory import bench_replay_memory
-
-        _print_json(bench_replay_memory(events=args.events or 1_000_000))
-        return 0
-    if args.name == "retention":
-        from pulsar.tools.bench.retention import bench_retention
-
-        try:
-            figures = bench_retention(rate=args.rate or 50.0, seconds=args.seconds or 1800.0,
-                                      max_events=args.events or 10_000)
-            _print_json(run_loop(figures))
-        except ValueError as exc:
-            print(f"pulsarcast bench retention: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if args.name == "seek":
-        from pulsar.tools.bench.seek import bench_seek
-
-        _print_json(bench_seek(events=args.events or 1_000_000, seed=args.seed))
-        return 0
-    if args.name == "large":
-        from pulsar.tools.bench.large import bench_large
-
-        _print_json(run_loop(bench_large(
-            nodes=args.nodes or 30, events=args.events or 5, mbps=args.mbps,
-            link_ms=args.link_ms, interval=args.seconds or 4.0, seed=args.seed,
-        )))
-        return 0
-    print(f"unknown benchmark {args.name!r}", file=sys.stderr)
-    return 2
-
-
-def _add_bench(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
-    bench.add_argument(
-        "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish",
-                 "replay-memory", "retention", "seek", "spark", "topics", "tree",
-                 "transport"],
-        help="which benchmark",
-    )
-    bench.add_argument("--events", type=int, default=None,
-                       help="workload size (retention: the topic's max_events, 10000)")
-    bench.add_argument("--nodes", type=int, default=None, help="network size")
-    bench.add_argument("--seconds", type=float, default=None,
-                       help="time per measured rate (codec: 1); idle window (topics: 10); "
-                            "publishing time (retention: 1800)")
-    bench.add_argument("--topics", type=int, default=None, help="topics known (topics: 1000)")
-    bench.add_argument(
-        "--history", type=int, default=None, help="events to backfill and replay (delivery)"
-    )
-    bench.add_argument("--rate", type=float, default=None,
-                       help="events published per second (retention: 50)")
-    bench.add_argument("--seed", type=int, default=1,
-                       help="fault and crash seed (delivery); link seed (large)")
-    bench.add_argument("--processes", type=int, default=None,
-                       help="worker processes for the subscribers (publish; 0: all nodes in "
-                            "this process; default one per CPU)")
-    bench.add_argument("--against", default=None, metavar="REV",
-                       help="publish: also measure this git revision (before the write quorum: "
-                            "2015a5e) in the same run")
-    bench.add_argument("--mbps", type=float, default=50.0,
-                       help="uplink of every node, Mbit/s (large: 50)")
-    bench.add_argument("--link-ms", type=float, default=100.0,
-                       help="one-way link latency, ms (large: 100)")
-    bench.add_argument("--sim", action="store_true",
-                       help="large: run the workload in the simulator (default 1000 nodes)")
-    bench.set_defaults(handler=_bench)
 
 
 def _devnet(args: argparse.Namespace) -> int:
@@ -973,7 +827,7 @@ def _sim(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pulsarcast sim: {exc}", file=sys.stderr)
         return 2
-    _print_json(run_sim(options))
+    print(json.dumps(run_sim(options)), flush=True)
     return 0
 
 
@@ -1028,7 +882,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"event loop of this command and the processes it starts (default uvloop when "
              f"installed; also ${LOOP_ENV})")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_bench(sub)
+    add_bench(sub)
     _add_devnet(sub)
     _add_node(sub)
     _add_api_commands(sub)

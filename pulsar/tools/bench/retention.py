@@ -54,9 +54,10 @@ def _disk_bytes(path: Path) -> int:
 
 
 async def bench_retention(*, rate: float = 50.0, seconds: float = 1800.0,
-                          max_events: int = 10_000) -> dict[str, Any]:
-    if rate <= 0 or seconds <= 0 or max_events <= 0:
-        raise ValueError("rate, seconds and max_events must be positive")
+                          max_events: int = 10_000, sample_every: float = SAMPLE_EVERY,
+                          ) -> dict[str, Any]:
+    if rate <= 0 or seconds <= 0 or max_events <= 0 or sample_every <= 0:
+        raise ValueError("rate, seconds, max_events and sample_every must be positive")
     with tempfile.TemporaryDirectory(prefix="pulsarcast-retention-") as tmp:
         root = Path(tmp)
 
@@ -86,7 +87,7 @@ async def bench_retention(*, rate: float = 50.0, seconds: float = 1800.0,
                     _say(f"  {last['t']:7.0f} s  published {published:,}  kept "
                          f"{max(last['kept']):,}  disk MiB "
                          f"{[round(d / 2**20, 1) for d in last['disk']]}")
-                    next_sample += SAMPLE_EVERY
+                    next_sample += sample_every
                 if now - start >= seconds:
                     break
                 due = start + published / rate
