@@ -142,6 +142,24 @@ class RecordTable:
                 return
             last, first = rows[-1][0], False
 
+    def forget(self, keys: Iterable[bytes]) -> tuple[int, int]:
+        """Delete the records of ``keys`` (those held); returns ``(rows, bytes)``
+        deleted. Heads records are not deleted this way either."""
+        wanted = [bytes(k) for k in keys]
+        freed_rows = freed_bytes = 0
+        with self._store.transaction() as conn:
+            for i in range(0, len(wanted), _IN_CHUNK):
+                chunk = wanted[i:i + _IN_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(
+                    f"SELECT key, length(value) FROM dht_records WHERE key IN ({marks}) "
+                    "AND substr(value, 2, 21) != ?", (*chunk, HEADS_PREFIX)).fetchall()
+                conn.executemany("DELETE FROM dht_records WHERE key = ?",
+                                 [(bytes(key),) for key, _ in rows])
+                freed_rows += len(rows)
+                freed_bytes += sum(int(length) for _, length in rows)
+        return freed_rows, freed_bytes
+
     def evict(self, rows: int, size: int) -> tuple[int, int]:
         """Delete records until at least ``rows`` of them and ``size`` bytes are gone (or
         nothing is left to delete), in this order: records whose block the node also

@@ -33,6 +33,11 @@ class DhtStats:
     oldest stored; never heads records)."""
     bytes_evicted: int = 0
     """Bytes of the records evicted."""
+    records_cut: int = 0
+    """Records dropped because a topic's retention cut them here (this node follows the
+    topic and cut its log: ``dht.storage.RecordStorage.forget``)."""
+    bytes_cut: int = 0
+    """Bytes of the records cut."""
     requests_held: int = 0
     """Requests from an address not yet proven, held until it answers our PING."""
     requests_unvalidated_dropped: int = 0

@@ -270,6 +270,17 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
     def mark_republished(self, keys: Iterable[bytes], now: float) -> None:
         self._table.mark_republished(keys, now)
 
+    def forget(self, keys: Iterable[bytes]) -> int:
+        """Drop the records of ``keys``: blocks a policy this node applies says nobody
+        keeps any more (a topic's retention, cut at a subscriber that is also a holder).
+        Returns the bytes freed; counted as ``records_cut`` and ``bytes_cut``."""
+        dropped, freed = self._table.forget(keys)
+        if dropped:
+            self._approx_count = max(0, self._approx_count - dropped)
+            self._stats.records_cut += dropped
+            self._stats.bytes_cut += freed
+        return freed
+
     def expire(self, cutoff: float) -> int:
         """Drop records nobody stored here since ``cutoff``; returns how many."""
         dropped = self._table.expire(cutoff)

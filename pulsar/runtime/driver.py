@@ -35,6 +35,7 @@ from dag import (
 )
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
+from dht.keys import dht_key
 from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.events import Message
 from pulsar.proto.fields import MessageError
@@ -106,8 +107,9 @@ class Driver:
         # so is the retention policy the log is cut to (its latest version's).
         # A cut is told to the core on the next loop turn: the write-behind that makes cuts
         # also runs while the core's outputs are being carried out.
-        self.retention = LogRetention(state, store, self._retention_of,
-                                      on_cut=self._history_cut)
+        self.retention = LogRetention(
+            state, store, self._retention_of, on_cut=self._history_cut,
+            forget_held=lambda cids: dht.records.forget(dht_key(cid) for cid in cids))
         self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic),
                                   retention=self.retention)
         self.core: Core

@@ -10,8 +10,10 @@ reader that asks for a position before the first one kept is told so
 The log is in delivery (causal) order, not in ``created`` order: the age cut stops at the
 first entry not old enough, and an older entry behind it waits until everything before it
 has aged out too. The event blocks the cut entries named go from the store with them
-(but the topic's heads, and large payloads' chunk trees); the copies DHT holders keep for
-others are not cut here.
+(but the topic's heads, and large payloads' chunk trees), and so do this node's own DHT
+records of them when it is one of their holders: it knows the topic and applies its
+policy. Holders that do not follow the topic keep their copies (they do not know which
+topic a block is from, nor its policy).
 """
 
 from __future__ import annotations
@@ -54,14 +56,19 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_last", "_on_cut", "_policy_of", "_spared", "_state", "_store", "pruned")
+    __slots__ = ("_forget_held", "_last", "_on_cut", "_policy_of", "_spared", "_state",
+                 "_store", "pruned")
 
     def __init__(self, state: NodeState, store: BlockStore,
                  policy_of: Callable[[CID], Retention | None],
-                 on_cut: Callable[[CID, float], None] | None = None) -> None:
+                 on_cut: Callable[[CID, float], None] | None = None,
+                 forget_held: Callable[[list[CID]], object] | None = None) -> None:
         self._state = state
         self._store = store
         self._policy_of = policy_of
+        self._forget_held = forget_held
+        """Drops this node's DHT copies of the blocks a cut removed: a subscriber that is
+        also one of their holders applies the topic's policy there too."""
         self._on_cut = on_cut
         """Told ``(topic, created time of the oldest entry kept)`` whenever that moves, so
         the protocol core settles what was cut as history if a backfill meets it again."""
@@ -122,6 +129,8 @@ class LogRetention:
         gone += [cid for cid in spared if cid not in heads]  # heads no more: their turn
         spared.intersection_update(heads)
         self._store.delete_many(gone)
+        if self._forget_held is not None and gone:
+            self._forget_held(gone)
         return removed
 
     def _report_floor(self, topic: CID) -> None:

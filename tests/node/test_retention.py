@@ -57,6 +57,16 @@ def test_max_events_keeps_the_newest(tmp_path: Path) -> None:
     assert retention.pruned == 7
 
 
+def test_a_cut_hands_the_blocks_it_removed_to_the_dht_holder(tmp_path: Path) -> None:
+    log = _log_of(tmp_path, [1000.0 + i for i in range(6)])
+    log.state.set_heads(log.topic, [log.events[-1], log.events[1]])
+    forgotten: list[list[CID]] = []
+    retention = LogRetention(log.state, log.store, lambda _: Retention(max_events=2),
+                             forget_held=forgotten.append)
+    assert retention.apply(log.topic, 6000.0) == 4
+    assert forgotten == [[log.events[0], log.events[2], log.events[3]]]  # not the head
+
+
 def test_max_age_cuts_the_oldest_run_only(tmp_path: Path) -> None:
     """Entries are in delivery order, not creation order: the cut stops at the first entry
     young enough, and an old one behind it waits for what is before it."""
@@ -110,6 +120,30 @@ async def test_a_topic_policy_reaches_a_subscriber_and_reads_before_it_are_refus
     await collect(sub, 1)
     reader._driver.retention.sweep([topic.cid], time.time())
     assert reader.retained_from(topic.cid) == 6
+
+
+async def test_a_subscriber_that_holds_the_cut_events_for_the_dht_drops_them_too(
+        network: Network) -> None:
+    """Two nodes: each holds every event as one of its DHT holders (r = 8). The cut of
+    the log takes the node's DHT copies of the cut events with it; the kept ones stay."""
+    from dht.keys import dht_key
+
+    author, reader = await network.start(2)
+    topic = await author.create_topic("cut at the holders", retention={"max_events": 3})
+    sub = await reader.subscribe(topic.cid)
+    events = [await author.publish(topic.cid, b"tick %d" % i) for i in range(8)]
+    await collect(sub, 8)
+    records = reader.dht.records
+
+    def held(event: EventDescriptor) -> bool:
+        return records.get(dht_key(event.cid)) is not None
+
+    await eventually(lambda: all(held(e) for e in events), timeout=10,
+                     what="every event stored at the reader")
+    reader._driver.retention.sweep([topic.cid], time.time())
+    assert reader.retained_from(topic.cid) == 6
+    assert [held(e) for e in events] == [False] * 5 + [True] * 3
+    assert reader.dht.stats.records_cut == 5 and reader.dht.stats.bytes_cut > 0
 
 
 def test_cut_entries_stay_known_as_delivered_for_a_while(tmp_path: Path) -> None:
