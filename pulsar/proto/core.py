@@ -6,22 +6,17 @@
 them out. The core owns no protocol state itself: it holds one object per room and
 routes each input to the room whose state it concerns.
 
-* topics: a tree's life (:mod:`.topic.lifecycle`), its edges (:mod:`.topic.edges`),
-  events along it (:mod:`.topic.dissemination`), over join routing and RTTs (:mod:`.tree`);
-* versions: every topic version, adoption and the rights rule
-  (:mod:`.versions.adoption`), topic creation and updates (:mod:`.versions.commands`);
-* publishing: rights, linking, the write quorum, heads records (:mod:`.publishing`);
-* repair: causal order, gaps, anti-entropy (:mod:`.repair.backfill`); lazy links
-  (:mod:`.gossip.plumtree`); the node-wide overlay (:mod:`.membership.overlay`); large
-  events as fragments (:mod:`.fragments.layer`).
+Rooms: topics (:mod:`.topic`: a tree's life, its edges, events along it, over :mod:`.tree`
+routing and RTTs), versions (:mod:`.versions`), publishing (:mod:`.publishing`), repair
+(:mod:`.repair`), lazy links (:mod:`.gossip`), the overlay (:mod:`.membership`) and
+large events (:mod:`.fragments`).
 
 A room never calls the core. What it cannot decide alone comes back among its outputs
-as a value of its own (a version adopted, our event persisted, an event to park, a meta
-topic to follow ...), and the core maps each one where it stands (``_adopt``,
-``_command``, ``_pub``, ``_flow``, ``_life``), so the order of outputs is that of the
-work. After every input, ``_after`` runs what follows from any of them: repaired events
-pushed down, versions announced on meta topics adopted, INTERESTS, the fragment pacer
-and RTT probes.
+as a value of its own (a version adopted, our event persisted, an event to park ...),
+and the core maps each one where it stands (``_adopt``, ``_command``, ``_pub``,
+``_flow``, ``_life``), so the order of outputs is that of the work. ``_after`` runs
+what follows from any input: repaired events pushed down, versions announced on meta
+topics adopted, INTERESTS, the fragment pacer and RTT probes.
 """
 
 from __future__ import annotations
@@ -126,8 +121,7 @@ class PulsarCore:
             random.Random(self.me.raw),
             distance=self._srtt,
         )
-        """The node-wide overlay (HyParView): its neighbours are told which topics we are
-        in, and a topic's lazy links are drawn from those that share it."""
+        """The node-wide overlay (HyParView): a topic's lazy links are drawn from it."""
         self.backfill = Backfill(
             self._lookup,
             self._verify_backfilled,
@@ -156,8 +150,7 @@ class PulsarCore:
         )
         """Trees opened by subscriptions and JOINs, and left."""
         self.metrics: dict[str, int] = {"rejected": 0, "store_quorum_failed": 0}
-        """Inputs the core refused, and topic descriptors that missed the write quorum;
-        every room counts its own (``counters`` gathers them)."""
+        """The core's own counters; every room counts its own (``counters`` gathers them)."""
 
     def handle(self, event: ev.InEvent, now: float) -> Out:
         """Apply one input; return the outputs the driver must carry out, in order."""
@@ -236,10 +229,8 @@ class PulsarCore:
         return list(self.backfill.heads(topic))
 
     def _persisted_tip(self, tree: Tree | None) -> CID | None:
-        """The newest event of ours a topic version may record as a head: what LAST_SEEN
-        links next, or its nearest ancestor in the DHT while that one is still being
-        stored. A version naming an event that then fails its write quorum would make
-        every adopter fetch and deliver an event whose publish was refused."""
+        """Our newest event already in the DHT, the head a topic version may record: one
+        that then failed its write quorum would be delivered by every adopter."""
         return None if tree is None else self.publisher.stores.last_persisted(tree.last_seen)
 
     def last_seen(self, topic: CID) -> CID | None:
