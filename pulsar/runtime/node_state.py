@@ -327,12 +327,16 @@ class NodeState:
                 ).rowcount
             )
 
-    def log_cut_expire(self, before: float) -> int:
-        """Forget the cut entries delivered before ``before`` (the backfill horizon has
-        long passed them); returns how many."""
+    def log_cut_expire(self, before: float, topic: CID | None = None) -> int:
+        """Forget the cut entries (of ``topic``, or of every topic) delivered before
+        ``before`` (the backfill horizon has passed them); returns how many."""
         with self._store.transaction() as conn:
-            return int(conn.execute("DELETE FROM log_cut WHERE delivered_at < ?",
-                                    (before,)).rowcount)
+            if topic is None:
+                cur = conn.execute("DELETE FROM log_cut WHERE delivered_at < ?", (before,))
+            else:
+                cur = conn.execute("DELETE FROM log_cut WHERE topic = ? AND delivered_at < ?",
+                                   (topic.raw, before))
+            return int(cur.rowcount)
 
     def log_last_at(self, topic: CID) -> float | None:
         """When the log of ``topic`` last grew (the delivery time of its newest position),

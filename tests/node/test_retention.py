@@ -11,7 +11,7 @@ import pytest
 from dag import CID, BlockStore, EventDescriptor, Identity, Retention, TopicDescriptor
 from pulsar import BeforeRetention
 from pulsar.runtime.node_state import NodeState
-from pulsar.runtime.retention import LogRetention
+from pulsar.runtime.retention import CUT_MARGIN, LogRetention
 
 from .conftest import Network, collect, eventually
 
@@ -160,6 +160,30 @@ def test_cut_entries_stay_known_as_delivered_for_a_while(tmp_path: Path) -> None
     assert log.state.log_cut_expire(5000.5) == 2
     assert [log.state.log_contains(log.topic, cid) for cid in log.events] == [
         False, False, True]
+
+
+def test_cut_entries_far_behind_the_floor_are_forgotten_at_the_cut(tmp_path: Path) -> None:
+    """The memory of cut entries is bounded by the policy, not by time: what was
+    delivered more than CUT_MARGIN before the oldest entry kept is covered by the core's
+    horizon, and goes at the cut; the entries just behind the floor stay known."""
+    store = BlockStore(tmp_path / "node.sqlite3")
+    state = NodeState(store)
+    topic = TopicDescriptor.create(PUBLISHER, "t", now=1000.0)
+    times = [1000.0, 1100.0, 1000.0 + 2 * CUT_MARGIN, 1000.0 + 3 * CUT_MARGIN]
+    events = [EventDescriptor.create(PUBLISHER, topic.cid, b"%d" % i, now=at)
+              for i, at in enumerate(times)]
+    store.put_many([(e.cid, e.block) for e in events])
+    for event, at in zip(events, times, strict=True):
+        state.log_append(topic.cid, [event.cid], at)
+    told: list[float] = []
+    retention = LogRetention(state, store, lambda _: Retention(max_events=1),
+                             on_cut=lambda _, floor: told.append(floor))
+    assert retention.apply(topic.cid, times[-1]) == 3
+    assert told == [times[-1]]
+    # floor - CUT_MARGIN = 1000 + 2 * CUT_MARGIN: the first two are forgotten, the third
+    # (delivered exactly there) and the kept entry are known as delivered.
+    assert [state.log_contains(topic.cid, e.cid) for e in events] == [
+        False, False, True, True]
 
 
 def test_a_log_cut_entirely_reports_when_it_last_grew(tmp_path: Path) -> None:
