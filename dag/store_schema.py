@@ -40,6 +40,9 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
                                                  the checkpoints this node made of the
                                                  topics it authored (schema 7): what the
                                                  next one links and where it starts
+    held_checkpoints (topic, cid) → last_ms       checkpoints of followed topics this node
+                                                 holds for the DHT (schema 8): what a
+                                                 retention cut drops with their index
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from typing import Final
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 7
+SCHEMA_VERSION: Final = 8
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -122,6 +125,16 @@ _CHECKPOINTS: Final = """CREATE TABLE IF NOT EXISTS checkpoints (
         log_seq INTEGER NOT NULL,
         made_at REAL NOT NULL,
         PRIMARY KEY (topic, number)
+    ) WITHOUT ROWID"""
+
+# Checkpoints of followed topics this node holds for the DHT (pulsar.runtime.checkpoint_cut):
+# when the topic's retention has cut everything a checkpoint covers, the checkpoint and
+# its index blocks go too.
+_HELD_CHECKPOINTS: Final = """CREATE TABLE IF NOT EXISTS held_checkpoints (
+        topic   BLOB NOT NULL,
+        cid     BLOB NOT NULL,
+        last_ms INTEGER NOT NULL,
+        PRIMARY KEY (topic, cid)
     ) WITHOUT ROWID"""
 
 # The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
@@ -204,6 +217,7 @@ _SCHEMA: Final = (
     _CONSUMER_PENDING,
     _CONSUMER_PENDING_INDEX,
     _CHECKPOINTS,
+    _HELD_CHECKPOINTS,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -227,11 +241,13 @@ _MIGRATIONS: Final = {
     5: (_CONSUMERS, _CONSUMER_PENDING, _CONSUMER_PENDING_INDEX, "PRAGMA user_version = 6"),
     # 6 -> 7: the checkpoints an author made.
     6: (_CHECKPOINTS, "PRAGMA user_version = 7"),
+    # 7 -> 8: the checkpoints of followed topics held for the DHT.
+    7: (_HELD_CHECKPOINTS, "PRAGMA user_version = 8"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
      "topic_latest", "outbox", "block_keys", "log_cut", "consumers", "consumer_pending",
-     "checkpoints"}
+     "checkpoints", "held_checkpoints"}
 )
 
 

@@ -71,6 +71,10 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
         self._queued: list[tuple[bytes, bytes]] = []
         self._waiters: list[tuple[asyncio.Future[list[bool]], list[bool]]] = []
         self._commit_timer: asyncio.TimerHandle | None = None
+        self.on_written: Callable[[list[tuple[bytes, bytes]]], None] | None = None
+        """Told every batch of records written (after its commit): the node above notes
+        those a policy of its own will drop later (a topic's checkpoints). It must not
+        raise; an exception is logged and the records stay written."""
 
     # -- writes (all verified) -----------------------------------------------------------
 
@@ -160,6 +164,11 @@ class RecordStorage(IStorage):  # type: ignore[misc]  # kademlia is untyped
         if not rows:
             return
         self._table.put_many(rows, now)  # one transaction
+        if self.on_written is not None:
+            try:
+                self.on_written(rows)
+            except Exception:
+                log.exception("the on_written hook failed on %d records", len(rows))
 
     def touch(self, key: bytes, value: bytes, now: float) -> None:
         """Restamp a record we keep holding (``stored_at`` and ``republished_at`` = now)."""

@@ -47,6 +47,7 @@ from ..proto import events as ev
 from ..proto.core import PulsarCore
 from ..proto.driven import Core
 from ..proto.timers import Timer
+from .checkpoint_cut import HeldCheckpoints
 from .checkpoints import CheckpointMaker
 from .errors import NotPersisted, NotRecorded, PublishError
 from .node_config import NodeConfig
@@ -107,9 +108,12 @@ class Driver:
         # so is the retention policy the log is cut to (its latest version's).
         # A cut is told to the core on the next loop turn: the write-behind that makes cuts
         # also runs while the core's outputs are being carried out.
+        self.held_checkpoints = HeldCheckpoints(store, dht.records, self._author_if_followed)
+        dht.records.on_written = self.held_checkpoints.noticed
         self.retention = LogRetention(
             state, store, self._retention_of, on_cut=self._history_cut,
-            forget_held=lambda cids: dht.records.forget(dht_key(cid) for cid in cids))
+            forget_held=lambda cids: dht.records.forget(dht_key(cid) for cid in cids),
+            drop_checkpoints=self.held_checkpoints.cut)
         self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic),
                                   retention=self.retention)
         self.core: Core
@@ -210,6 +214,13 @@ class Driver:
         if not self.stopped:
             self.handle(event)
 
+    def _author_if_followed(self, topic: CID) -> PeerId | None:
+        """The author of ``topic`` if this node follows it (its checkpoints are noted)."""
+        if not self.core.is_subscribed(topic):
+            return None
+        first = self.core.topic(topic)
+        return None if first is None else first.author
+
     def _retention_of(self, topic: CID) -> Retention | None:
         latest = self.core.latest(topic)
         return None if latest is None else latest.retention
@@ -256,6 +267,7 @@ class Driver:
                 "storage_failures": self.writes.failures,
                 "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames,
                 "log_entries_pruned": self.retention.pruned,
+                "checkpoint_blocks_cut": self.held_checkpoints.dropped,
                 "checkpoints_made": self.checkpoints.made,
                 "checkpoint_stores_failed": self.checkpoints.failed, **self.counters}
 

@@ -64,19 +64,24 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_forget_held", "_last", "_on_cut", "_policy_of", "_spared", "_state",
-                 "_store", "pruned")
+    __slots__ = ("_drop_checkpoints", "_forget_held", "_last", "_on_cut", "_policy_of",
+                 "_spared", "_state", "_store", "pruned")
 
     def __init__(self, state: NodeState, store: BlockStore,
                  policy_of: Callable[[CID], Retention | None],
                  on_cut: Callable[[CID, float], None] | None = None,
-                 forget_held: Callable[[list[CID]], object] | None = None) -> None:
+                 forget_held: Callable[[list[CID]], object] | None = None,
+                 drop_checkpoints: Callable[[CID, float], object] | None = None) -> None:
         self._state = state
         self._store = store
         self._policy_of = policy_of
         self._forget_held = forget_held
         """Drops this node's DHT copies of the blocks a cut removed: a subscriber that is
         also one of their holders applies the topic's policy there too."""
+        self._drop_checkpoints = drop_checkpoints
+        """Told ``(topic, time)`` when the floor moves: the checkpoints held here whose
+        every event was created before ``time`` go, with their index
+        (:mod:`pulsar.runtime.checkpoint_cut`)."""
         self._on_cut = on_cut
         """Told ``(topic, created time of the oldest entry kept)`` whenever that moves, so
         the protocol core settles what was cut as history if a backfill meets it again."""
@@ -130,6 +135,8 @@ class LogRetention:
             if self._on_cut is not None:
                 self._on_cut(topic, floor)
             self._state.log_cut_expire(floor - CUT_MARGIN, topic)
+            if self._drop_checkpoints is not None:
+                self._drop_checkpoints(topic, floor - CUT_MARGIN)
         return removed
 
     def _cut(self, topic: CID, through: int) -> int:

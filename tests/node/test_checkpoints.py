@@ -14,6 +14,7 @@ import pytest
 import api.replay
 from api.server import ApiServer
 from dag.checkpoints import fetch_checkpoint, find_segment
+from dht.keys import dht_key
 from pulsar import Node
 from tests.waiting import eventually
 
@@ -204,3 +205,41 @@ async def test_a_segment_of_several_index_blocks_is_stored_in_the_dht(network: N
     assert author.metrics["checkpoint_stores_failed"] == 0
     got = [e async for e in reader.replay(topic.cid, since=0.0)]
     assert len(got) == size
+
+
+async def test_checkpoints_retention_passed_go_at_the_author_and_the_holders(
+        network: Network) -> None:
+    """Every node that follows the topic notes the checkpoints the DHT writes to it; once
+    retention has passed one, it goes with its index, and seeking into what is retained
+    still works through the newer ones."""
+    network.checkpoint_every = 5
+    author, reader, third = await network.start(3)
+    topic = await author.create_topic("cut checkpoints", retention={"max_events": 100})
+    sub = await reader.subscribe(topic.cid)
+    published = []
+    for i in range(12):
+        published.append(await author.publish(topic.cid, b"event %d" % i))
+        await _next_millisecond()
+    await collect(sub, 12)
+    await eventually(lambda: author.metrics["checkpoints_made"] == 2, timeout=15)
+    first = author._driver.checkpoints.table.skip(topic.cid, 1)
+    second = author._driver.checkpoints.table.skip(topic.cid, 2)
+    for node in (author, reader):
+        held = node._driver.held_checkpoints
+        await eventually(lambda held=held: held.held(topic.cid) == [first.cid, second.cid],
+                         timeout=15, what="both checkpoints noted")
+    # third follows nothing: it holds the blocks for the DHT and notes none of them.
+    assert third._driver.held_checkpoints.held(topic.cid) == []
+    assert third.dht.records.get(dht_key(first.cid)) is not None
+
+    # Every event of the first segment was created before the sixth event.
+    before = published[5].created_at
+    for node in (author, reader):
+        assert node._driver.held_checkpoints.cut(topic.cid, before) >= 2
+        assert node.dht.records.get(dht_key(first.cid)) is None
+        assert node.dht.records.get(dht_key(second.cid)) is not None
+    assert author.store.get(first.cid) is None
+    assert author.metrics["checkpoint_blocks_cut"] >= 2
+    since = published[6].created_at
+    got = [e.cid async for e in reader.replay(topic.cid, since=since)]
+    assert got == [e.cid for e in published[6:]]

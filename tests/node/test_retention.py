@@ -176,10 +176,13 @@ def test_cut_entries_far_behind_the_floor_are_forgotten_at_the_cut(tmp_path: Pat
     for event, at in zip(events, times, strict=True):
         state.log_append(topic.cid, [event.cid], at)
     told: list[float] = []
+    dropping: list[float] = []
     retention = LogRetention(state, store, lambda _: Retention(max_events=1),
-                             on_cut=lambda _, floor: told.append(floor))
+                             on_cut=lambda _, floor: told.append(floor),
+                             drop_checkpoints=lambda _, before: dropping.append(before))
     assert retention.apply(topic.cid, times[-1]) == 3
     assert told == [times[-1]]
+    assert dropping == [times[-1] - CUT_MARGIN]  # checkpoints all before that go too
     # floor - CUT_MARGIN = 1000 + 2 * CUT_MARGIN: the first two are forgotten, the third
     # (delivered exactly there) and the kept entry are known as delivered.
     assert [state.log_contains(topic.cid, e.cid) for e in events] == [
