@@ -3,10 +3,13 @@ their index once retention has passed them (pulsar.runtime.checkpoint_cut)."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from pathlib import Path
 
 from dag import CID, BlockStore, EventDescriptor, Identity, PeerId, TopicDescriptor
 from dag.checkpoints import INDEX_FANOUT, Checkpoint, Skip, make_checkpoint
+from dag.store import SCHEMA_VERSION
 from dht.keys import dht_key
 from dht.stats import DhtStats
 from dht.storage import RecordStorage
@@ -97,3 +100,19 @@ def test_a_forged_checkpoint_or_one_of_an_unfollowed_topic_is_never_noted(
     assert holder.held.cut(topic, real.last_ms / 1000) == 0
     assert holder.holds(real.index) and holder.holds(forged.cid)
     assert holder.holds(unfollowed.cid)
+
+
+def test_a_schema_7_database_gains_the_held_checkpoints_table(tmp_path: Path) -> None:
+    path = tmp_path / "node.sqlite3"
+    BlockStore(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("DROP TABLE held_checkpoints")
+        conn.execute("PRAGMA user_version = 7")
+        conn.commit()
+    topic = TopicDescriptor.create(AUTHOR, "t", now=1000.0).cid
+    holder = Holder(tmp_path, {topic: AUTHOR.peer_id})
+    ((checkpoint, blocks),) = _segments(AUTHOR, topic, [2], start_ms=2_000_000)
+    holder.records.offer_many([(dht_key(c), b) for c, b in blocks])
+    assert holder.held.held(topic) == [checkpoint.cid]
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
