@@ -97,10 +97,11 @@ class PulsarcastClient(_ClientStreams):
                            request_to_publish: bool | list[str] | None = None,
                            event_linking: str | None = None,
                            subtopics: Mapping[str, str] | None = None,
-                           retention: Mapping[str, int] | None = None) -> Json:
+                           retention: Mapping[str, int | bool] | None = None) -> Json:
         """A new topic authored by the node; ``allowed_publishers=None`` lets anyone
         publish, ``event_linking="CUSTOM"`` lets publishers choose parents, ``retention``
-        (``max_age`` seconds, ``max_events``) bounds the history every node keeps."""
+        (``max_age`` seconds, ``max_events``, ``compact``: the newest event of each key)
+        bounds the history every node keeps."""
         body: Json = {"name": name}
         if retention is not None:
             body["retention"] = dict(retention)
@@ -130,7 +131,7 @@ class PulsarcastClient(_ClientStreams):
                            request_to_publish: bool | list[str] | _Unset | None = UNSET,
                            event_linking: str | _Unset = UNSET,
                            subtopics: Mapping[str, str] | _Unset = UNSET,
-                           retention: Mapping[str, int] | _Unset | None = UNSET) -> Json:
+                           retention: Mapping[str, int | bool] | _Unset | None = UNSET) -> Json:
         """A new version of the topic with the given fields changed (only the author's node
         may); arguments left out keep their value, ``None`` resets a rule to its default
         (for ``retention``: every event is kept)."""
@@ -162,16 +163,20 @@ class PulsarcastClient(_ClientStreams):
     # ------------------------------------------------------------------ events
 
     async def publish(self, topic: str, payload: bytes | str | Any, *,
-                      parent: str | None = None, content_type: str | None = None) -> Json:
+                      parent: str | None = None, content_type: str | None = None,
+                      key: str | None = None) -> Json:
         """Publish ``payload``: bytes as they are, ``str`` as UTF-8 text, anything else as
         compact JSON; readers get JSON and text back as such (:func:`payload_value`).
         ``content_type`` labels the payload with another media type (for bytes, say
-        ``image/png``). ``parent`` only for topics with custom linking."""
+        ``image/png``). ``parent`` only for topics with custom linking. ``key``: a
+        compacted topic keeps only the newest event of each key."""
         body = _payload_body(payload)
         if content_type is not None:
             body["content_type"] = content_type
         if parent is not None:
             body["parent"] = str(parent)
+        if key is not None:
+            body["key"] = key
         result: Json = await self._call("POST", f"/v1/topics/{self._cid(topic)}/events",
                                         body=body)
         return result

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dag.descriptors import CONTENT_TYPE_PATTERN, MAX_CONTENT_TYPE, MAX_MERGES, MAX_RETENTION
+from dag.descriptors import (
+    CONTENT_TYPE_PATTERN,
+    MAX_CONTENT_TYPE,
+    MAX_EVENT_KEY,
+    MAX_MERGES,
+    MAX_RETENTION,
+)
 from pulsar.runtime import consumer_config as consumer
 
 from . import limits
@@ -69,6 +75,14 @@ def _op(summary: str, responses: dict[str, Any], *, params: list[Any] | None = N
     return op
 
 
+_KEY: dict[str, Any] = {
+    "type": "string", "minLength": 1, "maxLength": MAX_EVENT_KEY,
+    "pattern": "^[^\\x00-\\x1f\\x7f]+$",
+    "description": f"the event's key, signed by its author: 1 to {MAX_EVENT_KEY} bytes of "
+                   "UTF-8 without control characters; a compacted topic keeps only the "
+                   "newest event of each key"}
+
+
 def _raw_upload(op: dict[str, Any]) -> dict[str, Any]:
     """The publish operation also takes the payload itself as the body (streamed, up to the
     node's limit on an event), its media type and parent as query parameters."""
@@ -80,7 +94,8 @@ def _raw_upload(op: dict[str, Any]) -> dict[str, Any]:
                                {"type": "string", "maxLength": MAX_CONTENT_TYPE,
                                 "pattern": f"^{CONTENT_TYPE_PATTERN}$"},
                                "raw upload: the payload's media type"),
-                        _param("parent", "query", _CID, "raw upload: a CUSTOM parent")]
+                        _param("parent", "query", _CID, "raw upload: a CUSTOM parent"),
+                        _param("key", "query", _KEY, "raw upload: the event's key")]
     return op
 
 
@@ -245,10 +260,13 @@ def openapi_document() -> dict[str, Any]:
         "type": "object", "minProperties": 1, "additionalProperties": False,
         "properties": {"max_age": {"oneOf": [{"type": "null"}, {**bound,
                                                                 "description": "seconds"}]},
-                       "max_events": {"oneOf": [{"type": "null"}, bound]}},
+                       "max_events": {"oneOf": [{"type": "null"}, bound]},
+                       "compact": {"type": "boolean", "description":
+                                   "keep only the newest event of each key"}},
         "description": "how much history every node keeps (null on an update: all of it); "
                        "a read of the log from a position it cut answers 410 "
-                       "before-retention",
+                       "before-retention; a compacted log skips the positions of events "
+                       "a newer one with the same key replaced",
     }
     topic_settings = {
         "type": "object",
@@ -302,13 +320,14 @@ def openapi_document() -> dict[str, Any]:
                 "retention": {"oneOf": [{"type": "null"}, {
                     "type": "object", "properties": {
                         "max_age": {"type": ["integer", "null"]},
-                        "max_events": {"type": ["integer", "null"]}}}]},
+                        "max_events": {"type": ["integer", "null"]},
+                        "compact": {"type": "boolean"}}}]},
             },
         },
         "Event": {
             "type": "object",
             "required": ["cid", "topic", "author", "publisher", "parent", "merges", "created",
-                         "payload", "payload_size", "content_type"],
+                         "payload", "payload_size", "content_type", "key"],
             "properties": {
                 "cid": _CID, "topic": _CID, "author": _PEER, "publisher": _PEER,
                 "parent": _NULLABLE_CID,
@@ -320,6 +339,7 @@ def openapi_document() -> dict[str, Any]:
                 "payload_size": {"type": "integer"}, "payload_link": _CID,
                 "content_type": {"type": ["string", "null"],
                                  "description": "media type the author signed, if any"},
+                "key": {"oneOf": [{"type": "null"}, _KEY]},
                 "json": {"description": "the payload's JSON value, when its content_type "
                                         "is application/json or *+json and it parses"},
                 "text": {"type": "string",
@@ -345,7 +365,8 @@ def openapi_document() -> dict[str, Any]:
                                          {"type": "string", "maxLength": MAX_CONTENT_TYPE,
                                           "pattern": f"^{CONTENT_TYPE_PATTERN}$"}],
                                "description": "the payload's media type"},
-                           "parent": _NULLABLE_CID},
+                           "parent": _NULLABLE_CID,
+                           "key": {"oneOf": [{"type": "null"}, _KEY]}},
             "oneOf": [{"required": [k]} for k in ("json", "text", "base64")],
             "additionalProperties": False,
         },

@@ -15,6 +15,7 @@ from dag import (
     Retention,
     TopicDescriptor,
     check_content_type,
+    check_event_key,
 )
 from dag.errors import SchemaError
 from pulsar import (
@@ -52,7 +53,7 @@ routes = web.RouteTableDef()
 MAX_PAYLOAD = PAYLOAD_BYTES
 _TOPIC_FIELDS = frozenset({"name", "allowed_publishers", "request_to_publish",
                            "event_linking", "subtopics", "retention"})
-_PUBLISH_FIELDS = frozenset({"json", "text", "base64", "content_type", "parent"})
+_PUBLISH_FIELDS = frozenset({"json", "text", "base64", "content_type", "parent", "key"})
 _BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -101,15 +102,20 @@ def _settings(body: dict[str, Any], *, creating: bool) -> dict[str, Any]:
 
 
 def _retention(value: Any) -> Retention | None:
-    """``{"max_age": seconds, "max_events": n}`` (one or both), or null: every event is
-    kept (on an update: again)."""
+    """``{"max_age": seconds, "max_events": n, "compact": true}`` (one or more), or null:
+    every event is kept (on an update: again)."""
     if isinstance(value, dict):  # null members are unset: what GET shows can be sent back
         value = {k: v for k, v in value.items() if v is not None} or None
     if value is None:
         return None
-    if not isinstance(value, dict) or set(value) - {"max_age", "max_events"}:
+    if not isinstance(value, dict) or set(value) - {"max_age", "max_events", "compact"}:
         raise Problem(400, "invalid-field", "retention must be an object with max_age "
-                      "(seconds) and/or max_events, or null")
+                      "(seconds), max_events and/or compact, or null")
+    compact = value.pop("compact", False)
+    if type(compact) is not bool:
+        raise Problem(400, "invalid-field", "retention.compact must be true or false")
+    if not value and not compact:
+        return None
     bounds: dict[str, int] = {}
     for key, item in value.items():
         # JSON has one number type: 3600.0 is the integer 3600 (as JSON Schema says).
@@ -119,7 +125,7 @@ def _retention(value: Any) -> Retention | None:
             raise Problem(400, "invalid-field",
                           f"retention.{key} must be an integer in 1..{MAX_RETENTION}")
         bounds[key] = item
-    return Retention(bounds.get("max_age"), bounds.get("max_events"))
+    return Retention(bounds.get("max_age"), bounds.get("max_events"), compact)
 
 
 @routes.post("/v1/topics")
@@ -224,16 +230,17 @@ async def publish(request: web.Request) -> web.Response:
     if request.content_type == RAW_TYPE:
         # The payload's bytes as the body, streamed: up to the node's own limit on an
         # event (core.fragments.max_event_size, 16 MiB by default), past the JSON body's.
-        payload, content_type, parent = await _raw_publish(request, node)
+        payload, content_type, parent, key = await _raw_publish(request, node)
     else:
         body = await json_body(request)
         check_fields(body, _PUBLISH_FIELDS)
         payload, content_type = parse_payload(body, MAX_PAYLOAD)
-        parent = body.get("parent")
+        parent, key = body.get("parent"), body.get("key")
     parent_cid = None if parent is None else parse_cid(parent, "parent")
+    _check_key(key)
     try:
         event = await node.publish(topic.cid, payload, parent=parent_cid,
-                                   content_type=content_type)
+                                   content_type=content_type, key=key)
     except NotPersisted as exc:
         raise _unpersisted(exc) from None
     except StorageFull as exc:
@@ -250,13 +257,26 @@ RAW_TYPE = "application/octet-stream"
 """A publish whose body is the payload itself (streamed), not a JSON document."""
 
 
-async def _raw_publish(request: web.Request, node: Node) -> tuple[bytes, str | None, Any]:
-    """Payload, media type (query ``content_type``) and parent (query ``parent``) of a
-    raw upload."""
-    unknown = set(request.query) - {"content_type", "parent"}
+def _check_key(key: Any) -> None:
+    """A publish's ``key``: null, or 1 to 256 bytes of UTF-8 without control characters."""
+    if key is None:
+        return
+    if not isinstance(key, str):
+        raise Problem(400, "invalid-field", "key must be a string or null")
+    try:
+        check_event_key(key)
+    except SchemaError as exc:
+        raise Problem(400, "invalid-field", f"key: {exc}") from None
+
+
+async def _raw_publish(request: web.Request, node: Node
+                       ) -> tuple[bytes, str | None, Any, str | None]:
+    """Payload, media type (query ``content_type``), parent (query ``parent``) and key
+    (query ``key``) of a raw upload."""
+    unknown = set(request.query) - {"content_type", "parent", "key"}
     if unknown:
         raise Problem(400, "invalid-field", f"unknown query parameters: {sorted(unknown)}; "
-                      "a raw upload takes content_type and parent")
+                      "a raw upload takes content_type, parent and key")
     content_type = request.query.get("content_type")
     if content_type is not None:
         try:
@@ -264,7 +284,7 @@ async def _raw_publish(request: web.Request, node: Node) -> tuple[bytes, str | N
         except SchemaError as exc:
             raise Problem(400, "invalid-field", f"content_type: {exc}") from None
     payload = await raw_body(request, node.config.core.fragments.max_event_size)
-    return payload, content_type, request.query.get("parent")
+    return payload, content_type, request.query.get("parent"), request.query.get("key")
 
 
 @routes.get("/v1/events/{cid}")

@@ -166,7 +166,8 @@ def topic_json(topic: TopicDescriptor) -> dict[str, Any]:
         "request_to_publish": _rule(topic.request_to_publish),
         "event_linking": topic.event_linking.value,
         "retention": None if topic.retention is None else {
-            "max_age": topic.retention.max_age, "max_events": topic.retention.max_events},
+            "max_age": topic.retention.max_age, "max_events": topic.retention.max_events,
+            "compact": topic.retention.compact},
     }
 
 
@@ -190,6 +191,7 @@ def event_json(
         "payload": base64.b64encode(payload).decode(),
         "payload_size": len(payload),
         "content_type": event.content_type,
+        "key": event.key,
     }
     if event.content_type is not None:
         body.update(decoded_payload(event.content_type, payload))

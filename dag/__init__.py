@@ -11,6 +11,7 @@ from .descriptors import (
     Retention,
     TopicDescriptor,
     check_content_type,
+    check_event_key,
     check_rights,
 )
 from .errors import (
@@ -49,6 +50,7 @@ __all__ = [
     "StoreError",
     "TopicDescriptor",
     "check_content_type",
+    "check_event_key",
     "check_rights",
     "cid_of",
     "cid_of_raw",

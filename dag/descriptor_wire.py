@@ -139,6 +139,34 @@ def check_content_type(value: str | None) -> None:
         _content_type(value, "content type")
 
 
+# --------------------------------------------------------------------------- event keys
+
+MAX_EVENT_KEY: Final = 256
+"""Longest event key, in UTF-8 bytes (a Kafka key or a JetStream subject is of this order;
+the key is in every event block of a compacted topic and in the compaction table)."""
+
+
+def _event_key(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(f"{what} must be a string")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise SchemaError(f"{what} must be valid Unicode (no lone surrogates)") from None
+    if not 1 <= size <= MAX_EVENT_KEY:
+        raise SchemaError(f"{what} must be 1 to {MAX_EVENT_KEY} bytes of UTF-8")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise SchemaError(f"{what} must not contain control characters")
+    return value
+
+
+def check_event_key(value: str | None) -> None:
+    """Raise :class:`SchemaError` unless ``value`` is None or an event key: 1 to
+    :data:`MAX_EVENT_KEY` bytes of UTF-8 without control characters."""
+    if value is not None:
+        _event_key(value, "event key")
+
+
 # --------------------------------------------------------------------------- helpers
 
 

@@ -29,6 +29,7 @@ from .descriptor_wire import (
     _content_type,
     _ContentAddressed,
     _encode_wire,
+    _event_key,
     _link,
     _load,
     _map,
@@ -37,6 +38,7 @@ from .descriptor_wire import (
     _version,
     _without,
     check_content_type,
+    check_event_key,
     iso_timestamp,
     parse_timestamp,
 )
@@ -74,6 +76,9 @@ class EventDescriptor(_ContentAddressed):
     (a replay from the topic's CID, a returning subscriber) would miss what lies behind
     the older tips. Merge links are walked by backfill and replay; delivery order follows
     ``parent`` alone."""
+    key: str | None = None
+    """The event's key (``metadata.key``, optional, signed by its author): on a topic whose
+    retention compacts, only the newest event of each key is kept."""
 
     KIND: ClassVar[str] = "event"
 
@@ -93,6 +98,7 @@ class EventDescriptor(_ContentAddressed):
         created: str,
         version: str,
         content_type: str | None = None,
+        key: str | None = None,
     ) -> dict[str, Any]:
         """The author's part of an event: what a request to publish carries and what the
         author signs when someone else publishes. The media type sits in the signed
@@ -100,6 +106,8 @@ class EventDescriptor(_ContentAddressed):
         metadata: dict[str, Any] = {"created": created, "protocolVersion": version}
         if content_type is not None:
             metadata["contentType"] = content_type
+        if key is not None:
+            metadata["key"] = key
         return {"topic": topic, "author": author.raw, "payload": payload, "metadata": metadata}
 
     @classmethod
@@ -110,15 +118,17 @@ class EventDescriptor(_ContentAddressed):
         payload: bytes | CID,
         *,
         content_type: str | None = None,
+        key: str | None = None,
         now: float | None = None,
     ) -> tuple[str, bytes]:
         """Sign a payload as its author for someone else to publish (request to publish).
         Returns ``(created, author_signature)``."""
         _check_payload(payload)
         check_content_type(content_type)
+        check_event_key(key)
         created = iso_timestamp(now)
         content = cls._content(
-            topic, identity.peer_id, payload, created, PROTOCOL_VERSION, content_type
+            topic, identity.peer_id, payload, created, PROTOCOL_VERSION, content_type, key
         )
         return created, identity.sign(encode(content))
 
@@ -135,6 +145,7 @@ class EventDescriptor(_ContentAddressed):
         author_signature: bytes | None = None,
         content_type: str | None = None,
         merges: tuple[CID, ...] = (),
+        key: str | None = None,
         now: float | None = None,
     ) -> Self:
         """Build and sign an event. For a request to publish, pass the requester as
@@ -143,6 +154,7 @@ class EventDescriptor(_ContentAddressed):
         are other heads to link (see :attr:`merges`)."""
         _check_payload(payload)
         check_content_type(content_type)
+        check_event_key(key)
         _check_merges(merges, parent)
         me = publisher.peer_id
         signer = me if author is None else author
@@ -155,6 +167,7 @@ class EventDescriptor(_ContentAddressed):
                 created or iso_timestamp(now),
                 PROTOCOL_VERSION,
                 content_type,
+                key,
             ),
             "publisher": me.raw,
             "parent": parent,
@@ -196,6 +209,9 @@ class EventDescriptor(_ContentAddressed):
         content_type = meta.get("contentType")
         if content_type is not None:
             _content_type(content_type, "event.metadata.contentType")
+        key = meta.get("key")
+        if key is not None:
+            _event_key(key, "event.metadata.key")
         merges: tuple[CID, ...] = ()
         if "merges" in wire:
             merges = _merge_links(wire["merges"], parent, exact)
@@ -227,6 +243,7 @@ class EventDescriptor(_ContentAddressed):
                 cid,
                 content_type,
                 merges,
+                key,
             ),
         )
 
@@ -245,6 +262,7 @@ class EventDescriptor(_ContentAddressed):
     _SET_CID,
     _SET_CONTENT_TYPE,
     _SET_MERGES,
+    _SET_KEY,
 ) = (getattr(EventDescriptor, f.name).__set__ for f in dataclasses.fields(EventDescriptor))
 
 
@@ -269,6 +287,7 @@ def _build_event(cls: type[_E], v: tuple[Any, ...]) -> _E:
     _SET_CID(e, v[10])
     _SET_CONTENT_TYPE(e, v[11])
     _SET_MERGES(e, v[12])
+    _SET_KEY(e, v[13])
     return e
 
 
@@ -305,7 +324,7 @@ _EVENT_KEYS: Final = {
 }
 _EVENT_OPTIONAL: Final = frozenset({"publisherSignature", "merges"})
 _EVENT_META_KEYS: Final = {"created", "protocolVersion"}
-_EVENT_META_OPTIONAL: Final = frozenset({"contentType"})
+_EVENT_META_OPTIONAL: Final = frozenset({"contentType", "key"})
 
 _CONTENT_KEYS: Final = ("topic", "author", "payload", "metadata")
 

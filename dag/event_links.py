@@ -17,7 +17,7 @@ from .codec import decode_fast
 from .descriptors import MAX_MERGES
 from .errors import CodecError
 
-__all__ = ["EventLinks", "event_links", "event_version", "newest"]
+__all__ = ["EventLinks", "event_key", "event_links", "event_version", "newest"]
 
 
 class EventLinks(NamedTuple):
@@ -50,6 +50,23 @@ def event_links(block: bytes) -> EventLinks | None:
             merges = tuple(CID(item) for item in listed if isinstance(item, bytes))
         return EventLinks(None if raw is None else CID(raw), created, merges)
     except (CodecError, KeyError, TypeError, ValueError):
+        return None
+
+
+def event_key(block: bytes) -> tuple[str | None, str] | None:
+    """``(key, created)`` of an event block (``metadata.key``, None if it has none), read
+    without checking anything else (compaction reads blocks the node verified when it
+    stored them); None when it is not shaped like an event."""
+    try:
+        wire = decode_fast(block)
+        if not isinstance(wire, dict) or "publisher" not in wire or "payload" not in wire:
+            return None
+        meta = wire["metadata"]
+        key, created = meta.get("key"), meta["created"]
+        if not isinstance(created, str) or not (key is None or isinstance(key, str)):
+            return None
+        return key, created
+    except (CodecError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
 

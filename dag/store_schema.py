@@ -43,6 +43,10 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     held_checkpoints (topic, cid) → last_ms       checkpoints of followed topics this node
                                                  holds for the DHT (schema 8): what a
                                                  retention cut drops with their index
+    log_keys      (topic, key) → created_ms, event  the newest event of each key in a
+                                                 compacted topic's log (schema 8)
+    log_compaction (topic) → through             the last log position compaction looked
+                                                 at (schema 8)
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ _LOG_CUT: Final = """CREATE TABLE IF NOT EXISTS log_cut (
         PRIMARY KEY (topic, event)
     ) WITHOUT ROWID"""
 _LOG_CUT_INDEX: Final = "CREATE INDEX IF NOT EXISTS log_cut_time ON log_cut (delivered_at)"
+"""Schema 5 to 7 only (dropped by the step to 8)."""
 
 # Durable named consumers (pulsar.runtime.consumer_table). A consumer reads its topic's
 # delivery log in order: ``delivered`` is the last position it handed out, so what lies
@@ -135,6 +140,20 @@ _HELD_CHECKPOINTS: Final = """CREATE TABLE IF NOT EXISTS held_checkpoints (
         cid     BLOB NOT NULL,
         last_ms INTEGER NOT NULL,
         PRIMARY KEY (topic, cid)
+    ) WITHOUT ROWID"""
+
+# Compaction by key (pulsar.runtime.compaction): the newest event of each key a compacted
+# topic's log holds, and how far the log was looked at.
+_LOG_KEYS: Final = """CREATE TABLE IF NOT EXISTS log_keys (
+        topic      BLOB NOT NULL,
+        key        TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        event      BLOB NOT NULL,
+        PRIMARY KEY (topic, key)
+    ) WITHOUT ROWID"""
+_LOG_COMPACTION: Final = """CREATE TABLE IF NOT EXISTS log_compaction (
+        topic   BLOB PRIMARY KEY,
+        through INTEGER NOT NULL
     ) WITHOUT ROWID"""
 
 # The DHT looks blocks up by key, ``sha1(bytes(cid))`` (``dht.keys.dht_key``), and a hash
@@ -211,13 +230,14 @@ _SCHEMA: Final = (
     _OUTBOX,
     _BLOCK_KEYS,
     _LOG_CUT,
-    _LOG_CUT_INDEX,
     # -- the node runtime's durable consumers (pulsar.runtime.consumer_table) --------------
     _CONSUMERS,
     _CONSUMER_PENDING,
     _CONSUMER_PENDING_INDEX,
     _CHECKPOINTS,
     _HELD_CHECKPOINTS,
+    _LOG_KEYS,
+    _LOG_COMPACTION,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -241,13 +261,16 @@ _MIGRATIONS: Final = {
     5: (_CONSUMERS, _CONSUMER_PENDING, _CONSUMER_PENDING_INDEX, "PRAGMA user_version = 6"),
     # 6 -> 7: the checkpoints an author made.
     6: (_CHECKPOINTS, "PRAGMA user_version = 7"),
-    # 7 -> 8: the checkpoints of followed topics held for the DHT.
-    7: (_HELD_CHECKPOINTS, "PRAGMA user_version = 8"),
+    # 7 -> 8: the checkpoints of followed topics held for the DHT; compaction by key.
+    # The memory of cut entries loses its time index: it is expired topic by topic, by
+    # the primary key, and the index was as large as the data.
+    7: (_HELD_CHECKPOINTS, _LOG_KEYS, _LOG_COMPACTION, "DROP INDEX IF EXISTS log_cut_time",
+        "PRAGMA user_version = 8"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
      "topic_latest", "outbox", "block_keys", "log_cut", "consumers", "consumer_pending",
-     "checkpoints", "held_checkpoints"}
+     "checkpoints", "held_checkpoints", "log_keys", "log_compaction"}
 )
 
 

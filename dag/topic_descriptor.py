@@ -92,36 +92,48 @@ class Retention:
     """How much of a topic's history every node keeps (optional ``metadata.retention``,
     signed and versioned with the rest of the topic, so every node applies the same rule):
     the newest ``max_events`` events, and those created (by their signed ``created``) in
-    the last ``max_age`` seconds. One or both; an event is kept while both allow it."""
+    the last ``max_age`` seconds; an event is kept while both allow it. With ``compact``,
+    an event with a key (``metadata.key``) is kept only while no newer event has the same
+    key (newer: the later ``created``, then the larger CID), as Kafka's
+    ``cleanup.policy=compact``; events without a key are not compacted. At least one of
+    the three."""
 
     max_age: int | None = None
     max_events: int | None = None
+    compact: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_age is None and self.max_events is None:
-            raise SchemaError("a retention policy sets max_age, max_events or both")
+        if self.max_age is None and self.max_events is None and not self.compact:
+            raise SchemaError("a retention policy sets max_age, max_events, compact or more")
+        if type(self.compact) is not bool:
+            raise SchemaError("retention compact must be true or false")
         for name, value in (("max_age", self.max_age), ("max_events", self.max_events)):
             if value is not None and (type(value) is not int or not 1 <= value <= MAX_RETENTION):
                 raise SchemaError(f"retention {name} must be an integer in 1..{MAX_RETENTION}")
 
-    def to_wire(self) -> dict[str, int]:
-        wire: dict[str, int] = {}
+    def to_wire(self) -> dict[str, int | bool]:
+        wire: dict[str, int | bool] = {}
         if self.max_age is not None:
             wire["maxAge"] = self.max_age
         if self.max_events is not None:
             wire["maxEvents"] = self.max_events
+        if self.compact:
+            wire["compact"] = True
         return wire
 
     @classmethod
     def from_wire(cls, value: Any) -> Retention:
         what = "topic.metadata.retention"
-        obj = _map(value, what, set(), frozenset({"maxAge", "maxEvents"}))
+        obj = _map(value, what, set(), frozenset({"maxAge", "maxEvents", "compact"}))
         if not obj:
-            raise SchemaError(f"{what} must set maxAge, maxEvents or both")
+            raise SchemaError(f"{what} must set maxAge, maxEvents, compact or more")
         for key, item in obj.items():
-            if type(item) is not int:
+            if key != "compact" and type(item) is not int:
                 raise SchemaError(f"{what}.{key} must be an integer")
-        return cls(obj.get("maxAge"), obj.get("maxEvents"))
+        # Only ``true`` is written (absent means false), so one policy has one encoding.
+        if "compact" in obj and obj["compact"] is not True:
+            raise SchemaError(f"{what}.compact must be true when present")
+        return cls(obj.get("maxAge"), obj.get("maxEvents"), "compact" in obj)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -354,24 +354,26 @@ class Node:
     # ------------------------------------------------------------------ publishing
 
     async def publish(self, topic_cid: CID, payload: bytes, *, parent: CID | None = None,
-                      content_type: str | None = None) -> EventDescriptor:
+                      content_type: str | None = None,
+                      key: str | None = None) -> EventDescriptor:
         """Publish ``payload``. The topic's latest rules decide: if this node may not
         publish but may request to, the request travels up the tree to the first allowed
         node (which becomes the event's publisher). A node that does not follow the topic
         first learns its latest version and heads (DHT heads records), so its event links
         to the topic's newest event. Large payloads go into a chunk tree in the DHT.
         ``content_type`` (e.g. ``application/json``) is signed into the event so every
-        reader gets the payload back as it was meant.
+        reader gets the payload back as it was meant; ``key`` too (on a topic whose
+        retention compacts, only the newest event of each key is kept).
         Returns the event once at least ``min_acks`` DHT nodes stored it and it is on its
         way down the tree; raises :class:`PublishError` otherwise."""
-        self._driver.payloads.check(payload, content_type)
+        self._driver.payloads.check(payload, content_type, key)
         self._driver.writes.check_disk(self.config.data_dir)
         first, later = await self._lineage(topic_cid)
         await self._topics.enter(first, later)
 
         async def send(body: bytes | CID) -> EventDescriptor:
             request = self._driver.next_request()
-            publish = ev.Publish(first.cid, body, parent, request, content_type)
+            publish = ev.Publish(first.cid, body, parent, request, content_type, key)
             return await self._driver.command(request, publish)  # type: ignore[no-any-return]
 
         return await self._driver.payloads.publish(payload, send)

@@ -219,13 +219,14 @@ class Unsubscribe:
 class Publish:
     """Publish ``payload`` on the tree of ``topic``; ``request`` identifies the outcome.
     ``parent`` is a CUSTOM link (LAST_SEEN topics refuse one); ``content_type`` the
-    payload's media type, signed into the event."""
+    payload's media type and ``key`` the event's key (compaction), both signed into it."""
 
     topic: CID
     payload: bytes | CID
     parent: CID | None
     request: int
     content_type: str | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

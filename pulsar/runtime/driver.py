@@ -49,6 +49,7 @@ from ..proto.driven import Core
 from ..proto.timers import Timer
 from .checkpoint_cut import HeldCheckpoints
 from .checkpoints import CheckpointMaker
+from .compaction import LogCompaction
 from .errors import NotPersisted, NotRecorded, PublishError
 from .node_config import NodeConfig
 from .node_state import NodeState
@@ -110,10 +111,11 @@ class Driver:
         # also runs while the core's outputs are being carried out.
         self.held_checkpoints = HeldCheckpoints(store, dht.records, self._author_if_followed)
         dht.records.on_written = self.held_checkpoints.noticed
+        self.compaction = LogCompaction(state, store)
         self.retention = LogRetention(
             state, store, self._retention_of, on_cut=self._history_cut,
             forget_held=lambda cids: dht.records.forget(dht_key(cid) for cid in cids),
-            drop_checkpoints=self.held_checkpoints.cut)
+            drop_checkpoints=self.held_checkpoints.cut, compaction=self.compaction)
         self.writes = WriteBehind(store, state, heads=lambda topic: self.core.heads(topic),
                                   retention=self.retention)
         self.core: Core
@@ -221,6 +223,10 @@ class Driver:
         first = self.core.topic(topic)
         return None if first is None else first.author
 
+    def _compacts(self, topic: CID) -> bool:
+        policy = self._retention_of(topic)
+        return policy is not None and policy.compact
+
     def _retention_of(self, topic: CID) -> Retention | None:
         latest = self.core.latest(topic)
         return None if latest is None else latest.retention
@@ -268,6 +274,8 @@ class Driver:
                 "peer_bans": self._faults.bans, "ignored_frames": self.ignored_frames,
                 "log_entries_pruned": self.retention.pruned,
                 "checkpoint_blocks_cut": self.held_checkpoints.dropped,
+                "log_entries_compacted": self.compaction.compacted,
+                "events_compacted_on_arrival": self.compaction.stale_dropped,
                 "checkpoints_made": self.checkpoints.made,
                 "checkpoint_stores_failed": self.checkpoints.failed, **self.counters}
 
@@ -392,6 +400,9 @@ class Driver:
         self.writes.acknowledge(self._waiting.get(request), value)
 
     def _deliver(self, topic: CID, event: EventDescriptor) -> None:
+        if event.key is not None and self._compacts(topic) and self.compaction.stale(topic,
+                                                                                    event):
+            return  # a newer event of its key is in the log: compacted, not delivered
         self.writes.deliver(topic, event.cid)
         if isinstance(event.payload, CID) and self.writes.local_block(event.payload) is None:
             self.spawn(self.payloads.keep(event))

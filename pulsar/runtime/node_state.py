@@ -329,14 +329,25 @@ class NodeState:
 
     def log_cut_expire(self, before: float, topic: CID | None = None) -> int:
         """Forget the cut entries (of ``topic``, or of every topic) delivered before
-        ``before`` (the backfill horizon has passed them); returns how many."""
+        ``before`` (the backfill horizon has passed them); returns how many. The table has
+        no time index (it would be as large as the data): each topic's entries are read by
+        the primary key, topic after topic."""
+        if topic is not None:
+            return self._log_cut_expire(topic.raw, before)
+        removed, after = 0, b""
+        while True:
+            with self._store.connection() as conn:
+                row = conn.execute("SELECT topic FROM log_cut WHERE topic > ? ORDER BY topic "
+                                   "LIMIT 1", (after,)).fetchone()
+            if row is None:
+                return removed
+            after = bytes(row[0])
+            removed += self._log_cut_expire(after, before)
+
+    def _log_cut_expire(self, topic: bytes, before: float) -> int:
         with self._store.transaction() as conn:
-            if topic is None:
-                cur = conn.execute("DELETE FROM log_cut WHERE delivered_at < ?", (before,))
-            else:
-                cur = conn.execute("DELETE FROM log_cut WHERE topic = ? AND delivered_at < ?",
-                                   (topic.raw, before))
-            return int(cur.rowcount)
+            return int(conn.execute("DELETE FROM log_cut WHERE topic = ? AND delivered_at < ?",
+                                    (topic, before)).rowcount)
 
     def log_last_at(self, topic: CID) -> float | None:
         """When the log of ``topic`` last grew (the delivery time of its newest position),

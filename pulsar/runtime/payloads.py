@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from dag import CID, BlockStore, EventDescriptor, check_content_type
+from dag import CID, BlockStore, EventDescriptor, check_content_type, check_event_key
 from dag.chunks import assemble, split
 from dht import DhtNode
 
@@ -56,9 +56,10 @@ class Payloads:
         self._writes = writes
         self._spawn = spawn
 
-    def check(self, payload: object, content_type: str | None) -> None:
+    def check(self, payload: object, content_type: str | None,
+              key: str | None = None) -> None:
         """Refuse at once, before anything is stored or sent, a payload that is not bytes
-        or is over the node's limit, and a content type the schema refuses."""
+        or is over the node's limit, and a content type or key the schema refuses."""
         if not isinstance(payload, bytes):
             raise TypeError("payload must be bytes")
         limit = self._config.core.fragments.max_event_size
@@ -68,6 +69,7 @@ class Payloads:
                 "(core.fragments.max_event_size)"
             )
         check_content_type(content_type)
+        check_event_key(key)
 
     async def publish(
         self, payload: bytes, send: Callable[[bytes | CID], Awaitable[EventDescriptor]]

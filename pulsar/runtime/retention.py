@@ -28,6 +28,7 @@ from dag.descriptors import parse_timestamp
 from dag.event_links import event_links
 from pulsar.proto.repair.state import BackfillConfig
 
+from .compaction import LogCompaction
 from .node_state import NodeState
 
 __all__ = ["APPLY_EVERY", "CUT_MARGIN", "CUT_MEMORY", "SWEEP_EVERY", "LogRetention",
@@ -64,20 +65,23 @@ class LogRetention:
     """Cuts each followed topic's log to its policy: after appends (at most every
     :data:`APPLY_EVERY` seconds per topic) and on :meth:`sweep` (idle topics age too)."""
 
-    __slots__ = ("_drop_checkpoints", "_forget_held", "_last", "_on_cut", "_policy_of",
-                 "_spared", "_state", "_store", "pruned")
+    __slots__ = ("_compaction", "_drop_checkpoints", "_forget_held", "_last", "_on_cut",
+                 "_policy_of", "_spared", "_state", "_store", "pruned")
 
     def __init__(self, state: NodeState, store: BlockStore,
                  policy_of: Callable[[CID], Retention | None],
                  on_cut: Callable[[CID, float], None] | None = None,
                  forget_held: Callable[[list[CID]], object] | None = None,
-                 drop_checkpoints: Callable[[CID, float], object] | None = None) -> None:
+                 drop_checkpoints: Callable[[CID, float], object] | None = None,
+                 compaction: LogCompaction | None = None) -> None:
         self._state = state
         self._store = store
         self._policy_of = policy_of
         self._forget_held = forget_held
         """Drops this node's DHT copies of the blocks a cut removed: a subscriber that is
         also one of their holders applies the topic's policy there too."""
+        self._compaction = compaction
+        """Compaction by key, for topics whose policy says ``compact``."""
         self._drop_checkpoints = drop_checkpoints
         """Told ``(topic, time)`` when the floor moves: the checkpoints held here whose
         every event was created before ``time`` go, with their index
@@ -117,6 +121,10 @@ class LogRetention:
             if floor is not None and self._on_cut is not None:
                 self._on_cut(topic, floor)
             return 0
+        if policy.compact and self._compaction is not None:
+            replaced = self._compaction.apply(topic)
+            if replaced:
+                self._drop_blocks(topic, replaced)
         # At most CUT_BATCH entries a pass: a policy set on a long log is applied over a
         # few passes rather than in one call that holds the event loop for seconds.
         start = self._state.log_retained_from(topic) - 1
@@ -146,6 +154,12 @@ class LogRetention:
         same payload may share) is kept."""
         cut = [cid for _, cid, _ in self._state.log_range(topic, 0, before_seq=through + 1)]
         removed = self._state.log_prune(topic, through)
+        self._drop_blocks(topic, cut)
+        return removed
+
+    def _drop_blocks(self, topic: CID, cut: list[CID]) -> None:
+        """Delete the blocks of events whose entries went, and this node's DHT copies of
+        them, except the topic's heads (kept until they are heads no more)."""
         heads = set(self._state.heads(topic))
         spared = self._spared.setdefault(topic, set())
         spared.update(cid for cid in cut if cid in heads)
@@ -155,7 +169,6 @@ class LogRetention:
         self._store.delete_many(gone)
         if self._forget_held is not None and gone:
             self._forget_held(gone)
-        return removed
 
     def _floor(self, topic: CID) -> float | None:
         """When the log now begins, if it was ever cut: the created time of the oldest

@@ -78,17 +78,20 @@ def topic_changes(changes: Mapping[str, Any]) -> ev.TopicChanges:
     )
 
 
-def _retention(value: Retention | Mapping[str, int] | None) -> Retention | None:
+def _retention(value: Retention | Mapping[str, int | bool] | None) -> Retention | None:
     """A policy from a :class:`Retention` or a map of its fields (``max_age`` in seconds,
-    ``max_events``); ``ValueError`` for anything else."""
+    ``max_events``, ``compact``); ``ValueError`` for anything else."""
     if value is None or isinstance(value, Retention):
         return value
     if not isinstance(value, Mapping):
-        raise ValueError("retention takes max_age and/or max_events")
-    unknown = set(value) - {"max_age", "max_events"}
+        raise ValueError("retention takes max_age, max_events and/or compact")
+    unknown = set(value) - {"max_age", "max_events", "compact"}
     if unknown:
         raise ValueError(f"unknown retention settings: {sorted(unknown)}")
-    return Retention(value.get("max_age"), value.get("max_events"))
+    max_age, max_events = value.get("max_age"), value.get("max_events")
+    if isinstance(max_age, bool) or isinstance(max_events, bool):
+        raise ValueError("retention max_age and max_events are integers")
+    return Retention(max_age, max_events, bool(value.get("compact", False)))
 
 
 def _peers(value: Iterable[PeerId | str] | None) -> list[PeerId] | None:

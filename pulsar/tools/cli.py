@@ -257,12 +257,18 @@ def _retention_text(retention: dict[str, Any] | None) -> str:
         kept.append(f"the newest {retention['max_events']:,} events")
     if retention.get("max_age") is not None:
         kept.append(f"{retention['max_age']:,} s")
-    return " and ".join(kept)
+    text = " and ".join(kept)
+    if retention.get("compact"):
+        text = f"{text}, compacted by key" if text else "the newest event of each key"
+    return text
 
 
-def _retention_arg(args: argparse.Namespace) -> dict[str, int] | None:
-    policy = {k: v for k, v in (("max_age", args.max_age), ("max_events", args.max_events))
-              if v is not None}
+def _retention_arg(args: argparse.Namespace) -> dict[str, int | bool] | None:
+    policy: dict[str, int | bool] = {
+        k: v for k, v in (("max_age", args.max_age), ("max_events", args.max_events))
+        if v is not None}
+    if getattr(args, "compact", False):
+        policy["compact"] = True
     return policy or None
 
 
@@ -319,7 +325,7 @@ async def _topic_update(client: Any, args: argparse.Namespace) -> int:
         changes["retention"] = None
     if not changes:
         print("pulsarcast: nothing to change (give --name, --allowed-publisher, --anyone, "
-              "--max-age, --max-events or --keep-all)", file=sys.stderr)
+              "--max-age, --max-events, --compact or --keep-all)", file=sys.stderr)
         return 2
     topic = await client.update_topic(args.cid, **changes)
     _emit(args, topic, _topic_text(topic))
@@ -352,7 +358,7 @@ async def _publish(client: Any, args: argparse.Namespace) -> int:
             print(f"pulsarcast: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
             return 2
     event = await client.publish(args.cid, payload, parent=args.parent,
-                                 content_type=content_type)
+                                 content_type=content_type, key=args.key)
     if args.quiet:
         print(event["cid"], flush=True)
     else:
@@ -598,6 +604,9 @@ def _retention_args(parser: argparse.ArgumentParser) -> None:
                         help="every node keeps only events created in the last SECONDS")
     parser.add_argument("--max-events", type=positive, metavar="N",
                         help="every node keeps only the newest N events")
+    parser.add_argument("--compact", action="store_true",
+                        help="every node keeps only the newest event of each key "
+                             "(publish with --key)")
 
 
 def _add_api_commands(sub: Any) -> None:
@@ -641,6 +650,8 @@ def _add_api_commands(sub: Any) -> None:
                          help="the payload's media type (default: application/json for "
                          "--json, text/plain; charset=utf-8 for --text, none for --file)")
     publish.add_argument("--parent", default=None, help="parent event CID (custom linking)")
+    publish.add_argument("--key", default=None,
+                         help="the event's key (a compacted topic keeps the newest per key)")
     publish.add_argument("-q", "--quiet", action="store_true",
                          help="print only the new event's CID (for scripts)")
     publish.set_defaults(handler=_api_command(_publish))

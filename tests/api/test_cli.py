@@ -252,9 +252,16 @@ async def test_topic_retention_from_the_command_line(
                              "--max-age", "60", "--json")
     assert code == 0
     topic = json.loads(out)
-    assert topic["retention"] == {"max_age": 60, "max_events": 3}
+    assert topic["retention"] == {"max_age": 60, "max_events": 3, "compact": False}
     code, shown, _ = await run(api, capsys, "topic", "show", topic["cid"])
     assert code == 0 and "the newest 3 events and 60 s" in shown
+    code, shown, _ = await run(api, capsys, "topic", "update", topic["cid"], "--compact")
+    assert code == 0 and "the newest event of each key" in shown
+    code, out, _ = await run(api, capsys, "publish", topic["cid"], "--text", "v", "--key",
+                             "user/1", "--quiet")
+    assert code == 0
+    async with api.http.get(f"{api.url}/v1/events/{out.strip()}") as r:
+        assert r.status == 200 and (await r.json())["key"] == "user/1"
     code, shown, _ = await run(api, capsys, "topic", "update", topic["cid"], "--keep-all")
     assert code == 0 and "retention:" in shown and "everything" in shown
     with pytest.raises(SystemExit) as usage:  # argparse: a usage error, exit status 2

@@ -279,3 +279,20 @@ async def test_ndjson_and_live_carry_events_longer_than_aiohttps_default_line(
         async for live in api.live(cid, from_="earliest"):
             assert payload_of(live) == big
             break
+
+
+async def test_a_key_is_published_shown_and_a_bad_one_refused(apis: list[Api]) -> None:
+    async with client_for(apis[0]) as client:
+        cid = (await client.create_topic("keyed", retention={"compact": True}))["cid"]
+        topic = await client.get_topic(cid)
+        assert topic["retention"] == {"max_age": None, "max_events": None, "compact": True}
+        event = await client.publish(cid, {"v": 1}, key="user/42")
+        assert event["key"] == "user/42"
+        plain = await client.publish(cid, {"v": 2})
+        assert plain["key"] is None
+        for bad in ("", "a\nb", "k" * 257, 7):
+            with pytest.raises(ApiError) as caught:
+                await client.publish(cid, "x", key=bad)  # type: ignore[arg-type]
+            assert caught.value.status == 400 and caught.value.kind == "invalid-field"
+        events = [e async for e in client.history(cid)]
+    assert [e["key"] for e in events] == ["user/42", None]

@@ -380,7 +380,8 @@ async def test_retention_is_declared_shown_and_a_cut_position_answers_410(
     status, topic = await author.call("POST", "/v1/topics",
                                       json={"name": "r", "retention": {"max_events": 2}})
     assert status == 201, topic
-    assert topic["retention"] == {"max_age": None, "max_events": 2}  # type: ignore[index]
+    assert topic["retention"] == {"max_age": None, "max_events": 2,
+                                  "compact": False}  # type: ignore[index]
     cid = topic["cid"]  # type: ignore[index]
     await reader.call("PUT", f"/v1/subscriptions/{cid}")
     for i in range(5):
@@ -397,6 +398,7 @@ async def test_retention_is_declared_shown_and_a_cut_position_answers_410(
                                headers={"Last-Event-ID": "2", **reader.auth}) as r:
         assert r.status == 410
     # What GET shows (an unset member as null) can be sent back as it is.
-    status, v2 = await author.call("PATCH", f"/v1/topics/{cid}",
-                                   json={"retention": {"max_age": 60, "max_events": None}})
-    assert status == 200 and v2["retention"] == {"max_age": 60, "max_events": None}  # type: ignore[index]
+    status, v2 = await author.call("PATCH", f"/v1/topics/{cid}", json={
+        "retention": {"max_age": 60, "max_events": None, "compact": False}})
+    assert status == 200 and v2["retention"] == {  # type: ignore[index]
+        "max_age": 60, "max_events": None, "compact": False}

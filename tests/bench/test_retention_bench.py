@@ -26,3 +26,16 @@ async def test_the_logs_are_cut_to_the_policy_and_the_growth_is_measured() -> No
     assert figures["filled_at_s"] is not None
     assert figures["disk_growth_after_fill"] is not None
     assert len(last["disk"]) == len(last["dht"]) == NODES
+
+
+async def test_a_compacted_topic_keeps_about_one_event_per_key() -> None:
+    rate, keys = 40.0, 10
+    figures = await bench_retention(rate=rate, seconds=6.0, keys=keys, sample_every=1.0,
+                                    settle_for=0.0)
+    assert figures["refused"] == 0 and figures["published"] >= 0.5 * rate * 6
+    assert figures["keys"] == keys and figures["max_events"] is None
+    # Without waiting for the idle sweep: one per key, plus what arrived since the last
+    # pass (one every APPLY_EVERY seconds while the log grows).
+    assert figures["compacted_events"] is not None
+    assert keys <= figures["compacted_events"] <= keys + rate * (APPLY_EVERY + 1.5)
+    assert figures["compacted_events"] < figures["published"]

@@ -300,7 +300,9 @@ def test_retention_is_signed_optional_metadata(meta: TopicDescriptor) -> None:
 @pytest.mark.parametrize(
     ("retention", "message"),
     [
-        ({}, "maxAge, maxEvents or both"),
+        ({}, "maxAge, maxEvents, compact or more"),
+        ({"compact": False}, "compact must be true"),
+        ({"compact": 1}, "compact must be true"),
         ({"maxAge": 0}, "1.."),
         ({"maxEvents": -5}, "1.."),
         ({"maxEvents": 2**53}, "1.."),

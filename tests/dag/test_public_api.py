@@ -27,6 +27,7 @@ def test_dag_all_is_pinned() -> None:
             "StoreError",
             "TopicDescriptor",
             "check_content_type",
+            "check_event_key",
             "check_rights",
             "cid_of",
             "cid_of_raw",

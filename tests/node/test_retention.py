@@ -224,3 +224,17 @@ def test_a_head_spared_by_a_cut_goes_at_a_later_one(tmp_path: Path) -> None:
     log.state.log_append(log.topic, [log.events[0]], 6001.0)  # one more entry: seq 7
     assert retention.apply(log.topic, 6002.0) == 1
     assert not log.store.has(log.events[1])
+
+
+def test_the_hours_expiry_visits_every_topic_remembered(tmp_path: Path) -> None:
+    """Without a time index the global expiry walks topic by topic: all of them."""
+    store = BlockStore(tmp_path / "node.sqlite3")
+    state = NodeState(store)
+    topics = [TopicDescriptor.create(PUBLISHER, name, now=1000.0).cid for name in "abc"]
+    for at, topic in zip((100.0, 200.0, 300.0), topics, strict=True):
+        events = [EventDescriptor.create(PUBLISHER, topic, b"%d" % i, now=at) for i in range(2)]
+        state.log_append(topic, [e.cid for e in events], at)
+        state.log_prune(topic, 2)
+    assert state.log_cut_expire(250.0) == 4  # the first two topics' entries
+    assert state.log_cut_expire(1000.0) == 2
+    assert state.log_cut_expire(1000.0) == 0

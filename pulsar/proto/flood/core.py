@@ -326,16 +326,17 @@ class FloodCore:
             # Floodsub has no request-to-publish: only allowed publishers can publish.
             return [ev.CommandFailed(cmd.request, "not allowed to publish on this topic")]
         parent = t.last_seen if topic.event_linking is EventLinking.LAST_SEEN else cmd.parent
-        event, out = self._emit(t, topic, cmd.payload, parent, now, cmd.content_type)
+        event, out = self._emit(t, topic, cmd.payload, parent, now, cmd.content_type, cmd.key)
         out.append(ev.Published(cmd.request, event))
         return out
 
     def _emit(self, t: _Topic, version: TopicDescriptor, payload: bytes | CID,
               parent: CID | None, now: float,
-              content_type: str | None = None) -> tuple[EventDescriptor, Out]:
+              content_type: str | None = None,
+              key: str | None = None) -> tuple[EventDescriptor, Out]:
         """Sign an event of ours, deliver it here and flood it."""
         event = EventDescriptor.create(self.identity, version.cid, payload, parent=parent,
-                                       content_type=content_type, now=now)
+                                       content_type=content_type, key=key, now=now)
         self._remember(event.cid)
         t.last_seen = event.cid
         self.metrics["published"] += 1

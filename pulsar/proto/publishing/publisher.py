@@ -156,7 +156,7 @@ class Publisher:
         if topic.may_publish(self.me):
             event = EventDescriptor.create(
                 self.identity, topic.cid, cmd.payload, parent=parent,
-                content_type=cmd.content_type,
+                content_type=cmd.content_type, key=cmd.key,
                 merges=self._merges_for(tree, parent) if last_seen else (), now=now,
             )
             return self._publish(tree, event, cmd.request)
@@ -165,11 +165,12 @@ class Publisher:
         if not tree.parents:
             return [ev.CommandFailed(cmd.request, "no parent to carry a request to publish")]
         created, signature = EventDescriptor.sign_content(
-            self.identity, topic.cid, cmd.payload, content_type=cmd.content_type, now=now
+            self.identity, topic.cid, cmd.payload, content_type=cmd.content_type, key=cmd.key,
+            now=now,
         )
         request = RequestToPublish(
             tree.topic.cid, topic.cid, self.me, cmd.payload, created, signature, cmd.parent,
-            cmd.content_type,
+            cmd.content_type, cmd.key,
         )
         tree.requests[signature] = cmd.request
         out: Out = [ev.Send(p, request) for p in sorted(tree.parents, key=bytes)]
@@ -507,6 +508,7 @@ class Publisher:
                 created=msg.created,
                 author_signature=msg.signature,
                 content_type=msg.content_type,
+                key=msg.key,
                 merges=merges,
             )
         except InvalidDescriptor as exc:

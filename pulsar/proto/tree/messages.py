@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from dag import CID, PeerId, check_content_type
+from dag import CID, PeerId, check_content_type, check_event_key
 from dag.errors import SchemaError
 from pulsar.proto.fields import MAX_HOPS, MessageError, bytes_field, link_field, uint_field
 
@@ -130,10 +130,11 @@ class RequestToPublish:
     signature: bytes
     parent: CID | None = None
     content_type: str | None = None
+    key: str | None = None
     T: ClassVar[str] = "rtp"
     FIELDS: ClassVar[frozenset[str]] = frozenset(
         {"author", "created", "link", "parent", "payload", "sig", "topic", "version"})
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"ct"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"ct", "key"})
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -147,7 +148,8 @@ class RequestToPublish:
             "created": self.created,
             "sig": self.signature,
             "parent": self.parent,
-        } | ({} if self.content_type is None else {"ct": self.content_type})
+        } | ({} if self.content_type is None else {"ct": self.content_type}) | (
+            {} if self.key is None else {"key": self.key})
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> RequestToPublish:
@@ -171,6 +173,12 @@ class RequestToPublish:
                 check_content_type(content_type)
             except SchemaError as exc:
                 raise MessageError(f"rtp.ct: {exc}") from None
+        key = m.get("key")
+        if key is not None:
+            try:
+                check_event_key(key)
+            except SchemaError as exc:
+                raise MessageError(f"rtp.key: {exc}") from None
         return cls(
             link_field(m["topic"], "rtp.topic"),
             link_field(m["version"], "rtp.version"),
@@ -180,6 +188,7 @@ class RequestToPublish:
             bytes_field(m["sig"], "rtp.sig", 64),
             parent,
             content_type,
+            key,
         )
 
 

@@ -103,7 +103,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         try:
             figures = bench_retention(rate=args.rate or 50.0, seconds=args.seconds or 1800.0,
-                                      max_events=args.events or 10_000)
+                                      max_events=args.events or 10_000, keys=args.keys)
             _print_json(run_loop(figures))
         except ValueError as exc:
             print(f"pulsarcast bench retention: {exc}", file=sys.stderr)
@@ -143,6 +143,9 @@ def add_bench(sub: Any) -> None:
                        help="time per measured rate (codec: 1); idle window (topics: 10); "
                             "publishing time (retention: 1800)")
     bench.add_argument("--topics", type=int, default=None, help="topics known (topics: 1000)")
+    bench.add_argument("--keys", type=int, default=None,
+                       help="retention: a compacted topic with this many keys instead of "
+                            "max_events")
     bench.add_argument(
         "--history", type=int, default=None, help="events to backfill and replay (delivery)"
     )
