@@ -185,6 +185,37 @@ def test_content_type_is_read_and_written_back(source: Any, net: SparkNet) -> No
         (p, k or "") for p, k in sent)
 
 
+def test_keys_are_read_and_written_back_also_as_kafkas_binary_keys(
+        source: Any, net: SparkNet) -> None:
+    """Each row carries the key its author signed, in both history formats; the writer
+    publishes a ``key`` column, string or (as Kafka's sink has it) binary UTF-8."""
+    from pyspark.sql import functions as F
+
+    from dag import CID
+
+    origin = net.create_topic("spark/keyed-origin")
+    copy = net.create_topic("spark/keyed-copy")
+    node = net.nodes[0].node
+    sent = [(b"1", "user/1"), (b"2", None), (b"3", "user/\u00e9")]
+
+    async def publish() -> None:
+        for payload, key in sent:
+            await node.publish(CID.parse(origin), payload, key=key)
+
+    net.bg.run(publish())
+    for history in ("blocks", "ndjson"):
+        rows = read(source, **net.options(0, topic=origin, historyFormat=history)
+                    ).orderBy("seq").collect()
+        assert [(bytes(r.payload), r.key) for r in rows] == sent, history
+    df = read(source, **net.options(0, topic=origin)).select(
+        F.col("payload").alias("value"), F.encode("key", "utf-8").alias("key"))
+    (df.coalesce(1).write.format("pulsarcast").mode("append")
+     .options(**net.options(0, topic=copy, token=net.token(0))).save())
+    copied = read(source, **net.options(0, topic=copy)).collect()
+    assert sorted((bytes(r.payload), r.key or "") for r in copied) == sorted(
+        (p, k or "") for p, k in sent)
+
+
 def test_earliest_starts_at_what_retention_kept(source: Any, net: SparkNet) -> None:
     """A topic whose retention policy cut its log: a batch read from earliest (the
     default) starts at the first position kept; split in parts, none of them starts at a

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from api.logblocks import LogRecord
-from dag import CID, EventDescriptor, PeerId, check_content_type
+from dag import CID, EventDescriptor, PeerId, check_content_type, check_event_key
 from dag.codec import decode_fast, is_cid_like
 from dag.descriptors import MAX_INLINE_PAYLOAD, MAX_MERGES, SIGNATURE_SIZE
 from dag.errors import DagError
@@ -53,23 +53,25 @@ _KEY_SETS: Final = (_KEYS, _KEYS_COSIGNED, _KEYS | {"merges"}, _KEYS_COSIGNED | 
 """The shapes the fast path reads: with or without a publisher's signature, with or without
 merge links (which a row does not carry: they are checked to be links and skipped)."""
 _META_KEYS: Final = frozenset({"created", "protocolVersion"})
-_META_KEYS_TYPED: Final = _META_KEYS | {"contentType"}
+_META_OPTIONAL: Final = frozenset({"contentType", "key"})
 MAX_CREATED_CHARS: Final = 40
 
 
 class _Fields:
     """What a row takes from an event."""
 
-    __slots__ = ("author", "content_type", "created", "parent", "payload", "publisher")
+    __slots__ = ("author", "content_type", "created", "key", "parent", "payload", "publisher")
 
     def __init__(self, author: bytes, publisher: bytes, parent: bytes | None,
-                 payload: bytes | None, created: str, content_type: str | None) -> None:
+                 payload: bytes | None, created: str, content_type: str | None,
+                 key: str | None) -> None:
         self.author = author
         self.publisher = publisher
         self.parent = parent
         self.payload = payload
         self.created = created
         self.content_type = content_type
+        self.key = key
 
 
 def _full(block: bytes, cid: CID) -> _Fields:
@@ -77,7 +79,7 @@ def _full(block: bytes, cid: CID) -> _Fields:
     return _Fields(event.author.raw, event.publisher.raw,
                    None if event.parent is None else event.parent.raw,
                    event.payload if isinstance(event.payload, bytes) else None, event.created,
-                   event.content_type)
+                   event.content_type, event.key)
 
 
 def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
@@ -90,7 +92,7 @@ def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
     meta = wire["metadata"]
     parent = wire["parent"]
     if type(payload) is not bytes or is_cid_like(payload) or type(meta) is not dict \
-            or (meta.keys() != _META_KEYS and meta.keys() != _META_KEYS_TYPED) \
+            or not _META_KEYS <= meta.keys() <= _META_KEYS | _META_OPTIONAL \
             or any(type(wire[k]) is not bytes or len(wire[k]) != SIGNATURE_SIZE
                    for k in wire.keys() - _KEYS_FIELDS):
         return _full(block, cid)
@@ -102,6 +104,10 @@ def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
     if content_type is not None and type(content_type) is not str:
         raise ValueError("contentType is not a string")
     check_content_type(content_type)  # a SchemaError (DagError) names what is wrong
+    key = meta.get("key")
+    if key is not None and type(key) is not str:
+        raise ValueError("key is not a string")
+    check_event_key(key)
     _link(wire["topic"])
     if parent is not None and parent != previous:
         _link(parent)
@@ -112,7 +118,7 @@ def _fields(block: bytes, cid: CID, previous: bytes) -> _Fields:
         for merged in merges:
             _link(merged)
     return _Fields(_peer(wire["author"]), _peer(wire["publisher"]), parent, payload, created,
-                   content_type)
+                   content_type, key)
 
 
 _KEYS_FIELDS: Final = frozenset({"topic", "author", "publisher", "parent", "payload",
@@ -206,6 +212,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
     created: list[str] = []
     payloads: list[bytes | None] = []
     content_types: list[str | None] = []
+    keys: list[str | None] = []
     linked: list[int] = []
     raws: list[bytes] = []
     delivered: list[float] = []
@@ -227,6 +234,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
         created.append(event.created)
         payloads.append(event.payload)
         content_types.append(event.content_type)
+        keys.append(event.key)
         if event.payload is None:
             linked.append(i)
         delivered.append(record.delivered_at)
@@ -265,6 +273,7 @@ def parse_records(records: Sequence[LogRecord], topic: str, previous: int, end: 
         created_ts,
         pa.array(payloads, pa.binary()),
         pa.array(content_types, pa.string()),
+        pa.array(keys, pa.string()),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     return ParsedBlock(batch, seqs[keep - 1], reached)

@@ -36,6 +36,7 @@ class _Row:
     payload: bytes | str
     parent: str | None
     content_type: str | None = None
+    key: str | None = None
 
 
 def payload_column(names: list[str]) -> str:
@@ -64,6 +65,7 @@ def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None,
                if "parent" in names else None)
     types = (batch.column(names.index("content_type")).to_pylist()
              if "content_type" in names else None)
+    keys = (batch.column(names.index("key")).to_pylist() if "key" in names else None)
     rows = []
     for i, payload in enumerate(payloads):
         index = first + i
@@ -75,8 +77,25 @@ def _rows(batch: pa.RecordBatch, first: int, topic_option: str | None,
             raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has no "
                                        "topic (null 'topic' column and no 'topic' option)")
         parent = None if parents is None or not takes_parent(topic) else parents[i]
-        rows.append(_Row(index, topic, payload, parent, None if types is None else types[i]))
+        key = None if keys is None else _key(keys[i], index)
+        rows.append(_Row(index, topic, payload, parent, None if types is None else types[i],
+                         key))
     return rows
+
+
+def _key(value: Any, index: int) -> str | None:
+    """A row's event key: a string, or bytes in UTF-8 (a DataFrame shaped for Kafka, whose
+    keys are binary); null for none."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has a key "
+                                       "that is not UTF-8") from None
+    if value is None or isinstance(value, str):
+        return value
+    raise PulsarcastSparkError("INVALID_ROW", f"row {index} of this task has a key that is "
+                               "not a string")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -113,7 +132,7 @@ class _Publisher:
         while True:
             try:
                 event = await self.client.publish(row.topic, row.payload, parent=row.parent,
-                                                  content_type=row.content_type)
+                                                  content_type=row.content_type, key=row.key)
                 cid = event.get("cid") if isinstance(event, dict) else None
                 if type(cid) is not str:
                     raise ValueError("the publish answer carries no event CID")

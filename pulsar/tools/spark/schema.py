@@ -32,7 +32,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from dag import check_content_type
+from dag import check_content_type, check_event_key
 from dag.errors import SchemaError
 
 from .errors import PulsarcastSparkError
@@ -50,6 +50,7 @@ SCHEMA: Final = StructType([
     StructField("created", TimestampType(), False),
     StructField("payload", BinaryType(), False),
     StructField("content_type", StringType(), True),
+    StructField("key", StringType(), True),
 ])
 """``topic``: CID of the topic's first version (the name of its tree and log, whichever
 version CID was given); ``seq``: the event's delivery-log position at the node, the offset;
@@ -57,7 +58,8 @@ version CID was given); ``seq``: the event's delivery-log position at the node, 
 ``timestamp``: when the node delivered the event (its log time, what ``startingTimestamp``
 selects on); ``created``: the author's clock; ``payload``: the bytes published;
 ``content_type``: the media type its author signed (``application/json``, ``text/plain;
-charset=utf-8``, ...), null when none was given."""
+charset=utf-8``, ...), null when none was given; ``key``: the key its author signed (what a
+compacted topic keeps the newest event of), null when none."""
 
 ARROW_SCHEMA: Final = to_arrow_schema(SCHEMA, timezone="UTC")
 """Exactly what Spark expects of a Python data source's record batches (it compares)."""
@@ -77,6 +79,7 @@ _WIRE: Final = pa.schema([
     ("created", pa.string()),
     ("payload", pa.string()),
     ("content_type", pa.string()),
+    ("key", pa.string()),
 ])
 """The fields of an event's JSON (``docs/api.md``) the rows are made of; others ignored."""
 _JSON_PARSE: Final = pa_json.ParseOptions(explicit_schema=_WIRE,
@@ -137,6 +140,17 @@ def _content_types(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return column
 
 
+def _keys(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Event keys as the node sent them, each checked like the node checks an event's."""
+    for value in pc.unique(column).to_pylist():
+        if value is not None:
+            try:
+                check_event_key(value)
+            except SchemaError as exc:
+                raise _bad(str(exc)) from None
+    return column
+
+
 def rows_in_range(seqs: list[int], previous: int, end: int) -> tuple[int, bool]:
     """How many of a chunk's positions ``seqs`` fall before ``end``, and whether the
     range's end was reached. Positions must increase strictly, continuing from
@@ -191,6 +205,7 @@ def parse_block(block: bytes, topic: str, previous: int, end: int) -> ParsedBloc
         created,
         pa.array(payloads, pa.binary()),
         _content_types(table.column("content_type")),
+        _keys(table.column("key")),
     ]
     batch = pa.Table.from_arrays(columns, schema=ARROW_SCHEMA).combine_chunks().to_batches()
     return ParsedBlock(batch[0] if batch else None, int(seqs[keep - 1]), reached)

@@ -36,8 +36,10 @@ def check_columns(schema: StructType, options: WriteOptions) -> None:
     """``payload`` (binary or string; or ``value``, as Kafka's sink calls it) is required;
     ``topic`` is required unless the option is given; ``parent`` (string) is optional and
     used only for CUSTOM topics; ``content_type`` (string, optional) is each payload's
-    media type; other columns are ignored, so a DataFrame read from a topic — or shaped
-    for Kafka — can be written as it is."""
+    media type; ``key`` (string, or binary in UTF-8 as Kafka's sink has it; optional) each
+    event's key, which a compacted topic keeps the newest event of; other columns are
+    ignored, so a DataFrame read from a topic — or shaped for Kafka — can be written as it
+    is."""
     fields = {f.name: f.dataType for f in schema.fields}
     if "payload" in fields and "value" in fields:
         raise PulsarcastSparkError("INVALID_COLUMN", "the rows have both 'payload' and "
@@ -56,6 +58,10 @@ def check_columns(schema: StructType, options: WriteOptions) -> None:
             what = "a media type" if name == "content_type" else "a CID"
             raise PulsarcastSparkError("INVALID_COLUMN", f"'{name}' must be a string column "
                                        f"({what}), not {fields[name].simpleString()}")
+    key = fields.get("key")
+    if key is not None and not isinstance(key, BinaryType | StringType):
+        raise PulsarcastSparkError("INVALID_COLUMN", "'key' must be a string or binary "
+                                   f"column (UTF-8), not {key.simpleString()}")
     if options.topic is None and "topic" not in fields:
         raise PulsarcastSparkError("MISSING_OPTION", "say where to publish: option 'topic' "
                                    "or a 'topic' column (the option wins when both are there)")
