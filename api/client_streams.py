@@ -366,3 +366,46 @@ class _ClientStreams(_ClientBase):
                 if failures > max_retries:
                     raise
             await asyncio.sleep(min(max_backoff, backoff * 2 ** max(0, failures - 1)))
+
+    async def advisories(self, *, after: int = 0, max_retries: int = 5, backoff: float = 0.1,
+                         max_backoff: float = 5.0, idle_timeout: float | None = 60.0
+                         ) -> AsyncGenerator[Json, None]:
+        """The node's advisories as they happen (``GET /v1/node/advisories``, Server-Sent
+        Events): messages set aside after ``max_deliver``, terminated, skipped. Each is a
+        dict with ``id``, ``kind``, ``at`` and its fields; one with ``kind`` ``"lost"``
+        (and ``before``) says the node no longer holds what came before that id. Resumes
+        after a drop with ``Last-Event-ID``; ends when the node stops."""
+        url = f"{self.base_url}/v1/node/advisories"
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if after:
+                headers["Last-Event-ID"] = str(after)
+            try:
+                async with self.session.get(url, headers=self._headers(headers),
+                                            timeout=timeout) as response:
+                    if response.status >= 400:
+                        raise await ApiError.from_response(response)
+                    parser = _SSEParser()
+                    while raw := await response.content.readline():
+                        done = parser.feed(raw.decode().rstrip("\r\n"))
+                        if done is None:
+                            continue
+                        kind, data, event_id = done
+                        if kind == "end":
+                            return
+                        if kind == "lost":
+                            yield {"kind": "lost", **json.loads(data)}
+                        elif kind == "advisory":
+                            failures = 0
+                            if event_id is not None:
+                                after = int(event_id)
+                            yield dict(json.loads(data))
+            except ApiError:
+                raise
+            except _DROPPED:
+                failures += 1
+                if failures > max_retries:
+                    raise
+            await asyncio.sleep(min(max_backoff, backoff * 2 ** max(0, failures - 1)))

@@ -502,6 +502,26 @@ def openapi_document() -> dict[str, Any]:
                     "trees": {"type": "array", "items": _ref("Tree")}}}, "trees")})},
         "/v1/node/metrics": {"get": _op("The counters of /metrics as JSON (for rates)", {
             "200": _json(_ref("Metrics"), "counters")})},
+        "/v1/node/advisories": {"get": _op(
+            "Advisories: consumer messages set aside after max_deliver, terminated, skipped "
+            "(a JSON page, or Server-Sent Events with Accept: text/event-stream)", {
+                "200": {"description": "a page, or the stream (id: the advisory's id, "
+                                       "event: advisory / lost / end)",
+                        "content": {
+                            "application/json": {"schema": {
+                                "type": "object",
+                                "required": ["advisories", "last_id", "lost_before"],
+                                "properties": {
+                                    "advisories": {"type": "array", "items": {
+                                        "type": "object",
+                                        "required": ["id", "kind", "at"]}},
+                                    "last_id": {"type": "integer"},
+                                    "lost_before": {"type": ["integer", "null"]}}}},
+                            "text/event-stream": {"schema": {"type": "string"}}}}},
+            params=[_param("after", "query", {"type": "integer", "minimum": 0},
+                           "only advisories with a larger id (also Last-Event-ID)"),
+                    _param("Last-Event-ID", "header", {"type": "string"},
+                           "resume the stream after this advisory id")])},
         "/v1/auth/check": {"post": _op("Check the API token; changes nothing", {
             "204": {"description": "the token is accepted"}}, auth=True)},
         "/v1/health": {"get": _op("Liveness", {"200": _json({"type": "object"}, "ok"),

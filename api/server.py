@@ -17,7 +17,7 @@ from aiohttp import web
 from pulsar import Node
 from pulsar.runtime.consumer_config import MAX_EXPIRES
 
-from . import consumers, history, node_info, page, replay, topics
+from . import advisories, consumers, history, node_info, page, replay, topics
 from .auth import auth_middleware, load_or_create_token
 from .common import LIMITS_KEY, NODE, json_response
 from .connections import GUARD_KEY, ConnectionGuard, GuardedSite
@@ -49,6 +49,7 @@ def create_app(node: Node, token: str, *, heartbeat: float = history.HEARTBEAT_S
     app.add_routes(consumers.routes)
     app.add_routes(replay.routes)
     app.add_routes(node_info.routes)
+    app.add_routes(advisories.routes)
     app.add_routes(page.routes)
     document = openapi_document()
 

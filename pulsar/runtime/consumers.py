@@ -56,6 +56,7 @@ from typing import Any, Final, Protocol
 
 from dag import CID, BlockStore, EventDescriptor, InvalidDescriptor, TopicDescriptor
 
+from .advisories import Advisories
 from .consumer_config import (
     ACK_KINDS,
     MAX_ACK_IDS,
@@ -197,6 +198,9 @@ class Consumers:
         for key in COUNTERS:
             self.counters.setdefault(key, 0)
         self._signals: dict[tuple[CID, str], asyncio.Event] = {}
+        self.advisories = Advisories(clock)
+        """Messages set aside, terminated or skipped, as they happen (see
+        :mod:`pulsar.runtime.advisories`)."""
         if runtime is not None:
             runtime.spawn(self._sweep_forever())
 
@@ -377,6 +381,8 @@ class Consumers:
             self._table.save(row, upserts, deletes)
             if kind == "term":
                 self.counters["consumer_terminated"] += len(done)
+                self.advisories.emit("consumer.terminated", topic=str(topic),
+                                     consumer=row.name, seqs=list(done))
             self._poke(topic, row.name)
         return AckResult(kind, tuple(done), unknown)
 
@@ -489,6 +495,8 @@ class Consumers:
         skipped = row.skipped - before.skipped
         if skipped:
             self.counters["consumer_skipped"] += skipped
+            self.advisories.emit("consumer.skipped", topic=str(topic), consumer=row.name,
+                                 first=row.skipped_from, last=row.skipped_to, count=skipped)
             log.warning("consumer %s of topic %s: skipped %d log position(s) retention cut "
                         "before it read them (last %s..%s)", row.name, topic, skipped,
                         row.skipped_from, row.skipped_to)
@@ -496,6 +504,8 @@ class Consumers:
             # The advisory: a message that keeps failing is reported, not retried forever.
             self.counters["consumer_terminated"] += 1
             self.counters["consumer_max_deliver_reached"] += 1
+            self.advisories.emit("consumer.max_deliver", topic=str(topic), consumer=row.name,
+                                 seq=seq, deliveries=count, max_deliver=config.max_deliver)
             log.warning("consumer %s of topic %s: position %d set aside after %d deliveries "
                         "(max_deliver %d)", row.name, topic, seq, count, config.max_deliver)
         if not messages and tracked and wake_at is None:

@@ -309,6 +309,29 @@ async def test_python_client_consumes_settles_and_sees_poison_messages_set_aside
         assert await client.fetch(cid, "poison", expires=0.3) == []
         assert reader.node.metrics["consumer_max_deliver_reached"] == 1
 
+        # Both were advised: the term, then the message set aside, on the node's stream.
+        watched = client.advisories()
+        terminated, set_aside_one = [await anext(watched) for _ in range(2)]
+        await watched.aclose()
+        assert (terminated["kind"], terminated["consumer"], terminated["seqs"]) == (
+            "consumer.terminated", "workers", [2])
+        assert (set_aside_one["kind"], set_aside_one["consumer"], set_aside_one["seq"],
+                set_aside_one["deliveries"]) == ("consumer.max_deliver", "poison", 3, 1)
+        status, page = await reader.call(
+            "GET", f"/v1/node/advisories?after={terminated['id']}")
+        assert status == 200 and [a["id"] for a in page["advisories"]] == [  # type: ignore[index]
+            set_aside_one["id"]]
+        assert page["lost_before"] is None  # type: ignore[index]
+        status, _ = await reader.call("GET", "/v1/node/advisories?after=-1")
+        assert status == 400
+        # Resuming from before this node started: told that the stream is whole only
+        # from its start, then given what it holds.
+        resumed = client.advisories(after=1)
+        lost, first = await anext(resumed), await anext(resumed)
+        await resumed.aclose()
+        assert lost == {"kind": "lost", "before": reader.node.consumers.advisories.booted}
+        assert first["id"] == terminated["id"]
+
         await client.delete_consumer(cid, "poison")
         with pytest.raises(ApiError) as gone:
             await client.consumer_info(cid, "poison")

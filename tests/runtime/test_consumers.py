@@ -216,6 +216,9 @@ async def test_nak_term_and_progress(env: Env) -> None:
     info = env.info()
     assert info.num_terminated == 1 and info.num_max_deliver_reached == 0
     assert env.consumers.counters["consumer_terminated"] == 1
+    (advisory,) = env.consumers.advisories.after(0)
+    assert (advisory.kind, advisory.fields) == ("consumer.terminated", {
+        "topic": str(env.topic), "consumer": "billing", "seqs": [3]})
 
 
 async def test_backoff_replaces_ack_wait_step_by_step(env: Env) -> None:
@@ -246,6 +249,11 @@ async def test_max_deliver_sets_a_poison_message_aside_and_reports_it(
         # Delivered twice and timed out again: set aside, and the next one comes instead.
         assert env.take(1) == [(2, 1)]
     assert "position 1 set aside after 2 deliveries" in caplog.text
+    # ... and advised, for whoever watches the node's advisories.
+    (advisory,) = env.consumers.advisories.after(0)
+    assert (advisory.kind, advisory.fields) == ("consumer.max_deliver", {
+        "topic": str(env.topic), "consumer": "billing", "seq": 1, "deliveries": 2,
+        "max_deliver": 2})
     info = env.info()
     assert (info.num_max_deliver_reached, info.num_terminated, info.num_ack_pending) == (1, 1,
                                                                                         1)
