@@ -116,6 +116,11 @@ async def health(request: web.Request) -> web.Response:
     })
 
 
+GAUGES = frozenset({"gaps_open", "held", "trees", "trees_attached", "loop_lag_max_ms",
+                    "topics_to_resume"})
+"""Node metrics that are levels, not counts: exported as gauges, without ``_total``."""
+
+
 def prometheus_text(node: Node) -> str:
     """Counters of the protocol cores, the DHT and the transport in the text format."""
     lines: list[str] = []
@@ -123,8 +128,12 @@ def prometheus_text(node: Node) -> str:
                 ("pulsarcast_transport", node.transport.stats.snapshot())]
     for prefix, counters in families:
         for name, value in sorted(counters.items()):
-            metric = f"{prefix}_{name.replace('.', '_')}_total"
-            lines.append(f"# TYPE {metric} counter")
+            if prefix == "pulsarcast" and name in GAUGES:
+                metric = f"{prefix}_{name}"
+                lines.append(f"# TYPE {metric} gauge")
+            else:
+                metric = f"{prefix}_{name.replace('.', '_')}_total"
+                lines.append(f"# TYPE {metric} counter")
             lines.append(f"{metric} {value}")
     lines.append("# TYPE pulsarcast_subscriptions gauge")
     lines.append(f"pulsarcast_subscriptions {len(node.subscribed())}")

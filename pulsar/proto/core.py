@@ -249,7 +249,7 @@ class PulsarCore:
             **flow, **publishing, "tree_duplicates": self.flow.metrics["duplicates"],
             "inputs_rejected": self.metrics["rejected"],
             **self.lazy.metrics, **self.backfill.metrics, **self.frags.metrics,
-            **self.members.metrics, **self.edges.metrics,
+            **self.members.metrics, **self.edges.metrics, **self.router.counts(),
         }
 
     @property

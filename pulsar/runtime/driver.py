@@ -51,6 +51,7 @@ from .checkpoint_cut import HeldCheckpoints
 from .checkpoints import CheckpointMaker
 from .compaction import LogCompaction
 from .errors import NotPersisted, NotRecorded, PublishError
+from .loop import LagMeter
 from .node_config import NodeConfig
 from .node_state import NodeState
 from .payloads import Payloads
@@ -112,6 +113,7 @@ class Driver:
         self.held_checkpoints = HeldCheckpoints(store, dht.records, self._author_if_followed)
         dht.records.on_written = self.held_checkpoints.noticed
         self.compaction = LogCompaction(state, store)
+        self.lag = LagMeter()
         self.retention = LogRetention(
             state, store, self._retention_of, on_cut=self._history_cut,
             forget_held=lambda cids: dht.records.forget(dht_key(cid) for cid in cids),
@@ -176,9 +178,11 @@ class Driver:
             self._waiting.pop(request, None)
 
     def start_background(self, clock: Callable[[], float]) -> None:
-        """The node's own upkeep: retention sweeps, and checkpoints of the topics it
-        authored (told to the core first, so its heads records name them again)."""
+        """The node's own upkeep: retention sweeps, checkpoints of the topics it authored
+        (told to the core first, so its heads records name them again), and the measure of
+        how late its event loop runs."""
         self.spawn(sweep_forever(self.retention, self._state.subscriptions, clock))
+        self.spawn(self.lag.run())
         if self._config.protocol == "pulsarcast":
             self.checkpoints.announce()
             self.spawn(self.checkpoints.run_forever(clock))
@@ -277,6 +281,7 @@ class Driver:
                 "log_entries_compacted": self.compaction.compacted,
                 "events_compacted_on_arrival": self.compaction.stale_dropped,
                 "checkpoints_made": self.checkpoints.made,
+                "loop_lag_max_ms": self.lag.max_ms,
                 "checkpoint_stores_failed": self.checkpoints.failed, **self.counters}
 
     # ------------------------------------------------------------------ inputs

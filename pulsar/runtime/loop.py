@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
-__all__ = ["LOOP_ENV", "LOOPS", "loop_name", "run"]
+__all__ = ["LAG_TICK", "LOOP_ENV", "LOOPS", "LagMeter", "loop_name", "run"]
 
 LOOP_ENV: Final = "PULSARCAST_LOOP"
 LOOPS: Final = ("uvloop", "asyncio")
@@ -47,3 +48,31 @@ def run(main: Coroutine[Any, Any, T]) -> T:
 
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+LAG_TICK: Final = 0.1
+"""Seconds between two looks of :class:`LagMeter` (ten wake-ups a second: nothing to an
+idle node, and a stall shorter than this is not one an operator needs to hear about)."""
+
+
+class LagMeter:
+    """How late the event loop runs what is due: a task that sleeps :data:`LAG_TICK` and
+    measures how much longer it took. A long stall (a full garbage collection, a slow
+    synchronous call) shows as one large lag; ``max_ms`` is the largest since the start
+    (``loop_lag_max_ms`` in a node's metrics)."""
+
+    __slots__ = ("max_ms", "ticks")
+
+    def __init__(self) -> None:
+        self.max_ms = 0
+        self.ticks = 0
+
+    async def run(self) -> None:
+        """Measure until cancelled."""
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(LAG_TICK)
+            late = time.perf_counter() - start - LAG_TICK
+            self.ticks += 1
+            if late * 1000 > self.max_ms:
+                self.max_ms = int(late * 1000)

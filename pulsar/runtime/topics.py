@@ -107,12 +107,19 @@ class Topics:
     def resume(self, topics: Iterable[CID]) -> None:
         """Rejoin ``topics`` (after a restart) in the background, in batches."""
         self._to_resume = dict.fromkeys(topics)
+        self._count()
         if self._to_resume:
             self._driver.spawn(self._resume_all())
+
+    def _count(self) -> None:
+        """``topics_to_resume`` in the node's metrics: 0 once every one was rejoined (a
+        process that holds back its garbage collector meanwhile waits for it)."""
+        self._driver.counters["topics_to_resume"] = len(self._to_resume)
 
     def forget(self, topic_cid: CID) -> None:
         """``topic_cid`` is left: it is not to be resumed any more."""
         self._to_resume.pop(topic_cid, None)
+        self._count()
 
     async def _resume_all(self) -> None:
         """Rejoin every durable subscription, ``RESUME_BATCH`` at a time with the loop free
@@ -126,6 +133,7 @@ class Topics:
         """Resume ``topic_cid`` now if it is a durable subscription not resumed yet."""
         if topic_cid in self._to_resume:
             del self._to_resume[topic_cid]
+            self._count()
             await self._resume(topic_cid)
 
     async def _resume(self, topic_cid: CID) -> None:

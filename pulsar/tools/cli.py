@@ -124,7 +124,7 @@ def _node(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return run_loop(run_node(config, settings["api_host"], settings["api_port"],
-                                settings["token"], args.json))
+                                settings["token"], args.json, gc_freeze=args.gc == "freeze"))
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -158,6 +158,9 @@ def _add_node(sub: Any) -> None:
                       help="DHT nodes each block is stored at (default 8, at most 20; see "
                       "docs/architecture.md, 'How many replicas')")
     node.add_argument("--json", action="store_true", help="print the node's details as JSON")
+    node.add_argument("--gc", choices=["freeze", "default"], default="freeze",
+                      help="freeze (default): hold the garbage collector back while the node "
+                      "rejoins its trees, then freeze what is alive; default: Python's own")
     node.set_defaults(handler=_node)
 
 

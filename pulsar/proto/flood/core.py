@@ -168,7 +168,8 @@ class FloodCore:
         return [t.last_seen] if t is not None and t.last_seen is not None else []
 
     def counters(self) -> dict[str, int]:
-        return dict(self.metrics)
+        # Floodsub has no tree to attach to: every topic is in as soon as it is known.
+        return {**self.metrics, "trees": len(self._topics), "trees_attached": len(self._topics)}
 
     @property
     def min_acks(self) -> int:

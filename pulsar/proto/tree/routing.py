@@ -142,6 +142,12 @@ class TreeRouter:
         self.trees[topic.cid] = tree
         return tree
 
+    def counts(self) -> dict[str, int]:
+        """Gauges: the trees this node is in, and those attached (a parent answered the
+        JOIN, or we are the root), counted without building a view of each."""
+        attached = sum(1 for t in self.trees.values() if t.acting_root or t.confirmed & t.parents)
+        return {"trees": len(self.trees), "trees_attached": attached}
+
     def view(self, topic: CID) -> TreeView | None:
         t = self.trees.get(topic)
         if t is None:
