@@ -65,6 +65,16 @@ def run_bench(args: argparse.Namespace) -> int:
         figures = bench_topics(topics=args.topics or 1000, idle=args.seconds or 10.0)
         _print_json(run_loop(figures))
         return 0
+    if args.name == "restart":
+        from pulsar.tools.bench.restart import bench_restart
+
+        try:
+            restarted = bench_restart(topics=args.topics or 10_000, restarts=args.runs or 4)
+            _print_json(run_loop(restarted))
+        except ValueError as exc:
+            print(f"pulsarcast bench restart: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.name == "abuse":
         from pulsar.tools.bench.abuse import bench_abuse
 
@@ -132,7 +142,7 @@ def add_bench(sub: Any) -> None:
     bench.add_argument(
         "name",
         choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish",
-                 "replay-memory", "retention", "seek", "spark", "topics", "tree",
+                 "replay-memory", "restart", "retention", "seek", "spark", "topics", "tree",
                  "transport"],
         help="which benchmark",
     )
@@ -142,7 +152,10 @@ def add_bench(sub: Any) -> None:
     bench.add_argument("--seconds", type=float, default=None,
                        help="time per measured rate (codec: 1); idle window (topics: 10); "
                             "publishing time (retention: 1800)")
-    bench.add_argument("--topics", type=int, default=None, help="topics known (topics: 1000)")
+    bench.add_argument("--topics", type=int, default=None,
+                       help="topics known (topics: 1000; restart: 10000)")
+    bench.add_argument("--runs", type=int, default=None,
+                       help="restarts, alternating --gc default and freeze (restart: 4)")
     bench.add_argument("--keys", type=int, default=None,
                        help="retention: a compacted topic with this many keys instead of "
                             "max_events")

@@ -37,6 +37,7 @@ from dag import CID
 from dht import DhtConfig
 from pulsar.config import NodeConfig
 from pulsar.node import Node
+from pulsar.runtime.loop import LagMeter
 
 from .delivery import _start_network, _stop_all
 
@@ -45,25 +46,6 @@ __all__ = ["bench_topics"]
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-class _LagMeter:
-    """The longest a 10 ms ticker waited beyond its period: how long the loop was blocked."""
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            before = time.perf_counter()
-            await asyncio.sleep(0.01)  # the ticker's period, not synchronisation
-            self.worst = max(self.worst, time.perf_counter() - before - 0.01)
-
-    async def close(self) -> float:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        return self.worst
 
 
 def _sent(nodes: list[Node]) -> tuple[int, int]:
@@ -165,14 +147,17 @@ async def bench_topics(topics: int = 1000, idle: float = 10.0) -> dict[str, Any]
                            idle_bytes_per_s_with_upkeep=round(idle_bytes + cycle / interval))
             _say("  restarting the subscriber")
             await subscriber.stop()
-            lag = _LagMeter()
+            lag = LagMeter(0.01)  # a 10 ms ticker
+            ticker = asyncio.create_task(lag.run())
             start = time.perf_counter()
             subscriber = await Node.start(config(2, (seed.address, author.address)))
             network[2] = subscriber
             started = time.perf_counter() - start
             attached = await _attached(subscriber, cids, 120.0)
             rejoined = time.perf_counter() - start
-            worst = await lag.close()
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            worst = lag.worst
             figures.update(restart_start_s=round(started, 3), restart_s=round(rejoined, 3),
                            restart_lag_ms=round(worst * 1000, 1), restart_attached=attached)
         finally:
