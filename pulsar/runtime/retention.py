@@ -55,6 +55,8 @@ cuts 50 events/s, that is 6,000 entries, where the hour kept 180,000."""
 FIRST_SWEEP: Final = 5.0
 """Seconds after the node starts before the first sweep, which tells the core where each
 cut log begins again (a restart forgot it)."""
+SWEEP_STEP: Final = 200
+"""Topics a sweep looks at before it lets the event loop run again."""
 CUT_BATCH: Final = 10_000
 """Log entries one pass cuts at most."""
 SCAN_BATCH: Final = 256
@@ -108,8 +110,12 @@ class LogRetention:
         :data:`CUT_MEMORY` (each pass also forgets those :data:`CUT_MARGIN` behind their
         topic's floor); returns how many entries went."""
         removed = sum(self.apply(topic, now) for topic in topics)
-        self._state.log_cut_expire(now - CUT_MEMORY)
+        self.expire(now)
         return removed
+
+    def expire(self, now: float) -> int:
+        """Forget cut entries older than :data:`CUT_MEMORY`, of every topic."""
+        return self._state.log_cut_expire(now - CUT_MEMORY)
 
     def apply(self, topic: CID, now: float) -> int:
         """Cut ``topic``'s log to the policy of its latest version known here; returns
@@ -213,12 +219,20 @@ class LogRetention:
 async def sweep_forever(retention: LogRetention, topics: Callable[[], list[CID]],
                         clock: Callable[[], float], every: float = SWEEP_EVERY) -> None:
     """Cut every followed topic's log every ``every`` seconds, until cancelled (the
-    driver's task set is, when the node stops)."""
+    driver's task set is, when the node stops). :data:`SWEEP_STEP` topics at a time with
+    the event loop free in between: a node that follows 10,000 topics spent 0.4-0.5 s in
+    one sweep, a stall of everything else each minute."""
     delay = FIRST_SWEEP
     while True:
         await asyncio.sleep(delay)
         delay = every
         try:
-            retention.sweep(topics(), clock())
+            followed = topics()
+            for i in range(0, len(followed), SWEEP_STEP):
+                now = clock()
+                for topic in followed[i:i + SWEEP_STEP]:
+                    retention.apply(topic, now)
+                await asyncio.sleep(0)  # let the loop run between steps
+            retention.expire(clock())
         except Exception as exc:  # a full disk, a closed store: try again next time
             log.warning("retention sweep failed: %s", exc)
