@@ -139,19 +139,20 @@ GC_HOLD_MAX_S = 120.0
 
 async def _freeze_after_resume(node: Node) -> None:
     """With the collector held back since before the node started: once every durable
-    subscription is rejoined (or :data:`GC_HOLD_MAX_S` passed), collect the young
-    generations, move everything alive into the permanent generation and let the
-    collector run again. A full collection walks every object of the process: with 20,000
-    trees resumed that is a stall of over a second, several times while they are created;
-    frozen, the node's long-lived state is never walked again. Only ``pulsarcast node``
-    does this: the process is the node's. An embedded node leaves the host's collector
-    alone (docs/operations.md)."""
+    subscription is rejoined (or :data:`GC_HOLD_MAX_S` passed), move every object into
+    the permanent generation and let the collector run again. A full collection walks
+    every object of the process: with 20,000 trees resumed that is a stall of half a
+    second or more, several times while they are created; frozen, the node's long-lived
+    state is never walked again. Nothing is collected first: with the collector held back,
+    the youngest generation holds everything the resume made, and collecting it was itself
+    a stall of half a second (``bench restart``); the price is that cyclic garbage made
+    during the resume is never freed. Only ``pulsarcast node`` does this: the process is
+    the node's. An embedded node leaves the host's collector alone (docs/operations.md)."""
     deadline = time.monotonic() + GC_HOLD_MAX_S
     try:
         while node.metrics.get("topics_to_resume", 0) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)  # polling interval: nothing signals the end of a resume
     finally:
-        gc.collect(1)
         gc.freeze()
         gc.enable()
 
