@@ -203,6 +203,8 @@ def _messages(w: World) -> list[tuple[str, Message]]:
                                                 now=T0 + 4)
     created2, sig2 = EventDescriptor.sign_content(
         w.ids["requester"], t, root_cid, content_type="application/octet-stream", now=T0 + 5)
+    created3, sig3 = EventDescriptor.sign_content(w.ids["requester"], t, b"v2", key="user/42",
+                                                  now=T0 + 6)
     return [
         ("join", Join(t, w.topic.block)),
         ("leave", Leave(t)),
@@ -211,6 +213,8 @@ def _messages(w: World) -> list[tuple[str, Message]]:
         ("rtp, inline payload", RequestToPublish(t, t, c, b"please publish", created, sig)),
         ("rtp, chunk-tree payload, media type, CUSTOM parent",
          RequestToPublish(t, t, c, root_cid, created2, sig2, e2, "application/octet-stream")),
+        ("rtp, with the event's key", RequestToPublish(t, t, c, b"v2", created3, sig3, None, None,
+                                                       "user/42")),
         ("ping", Ping(7)),
         ("pong", Pong(7)),
         ("ihave", IHave(t, ((e1, 1), (e2, 2)))),
