@@ -518,9 +518,11 @@ def openapi_document() -> dict[str, Any]:
                                     "last_id": {"type": "integer"},
                                     "lost_before": {"type": ["integer", "null"]}}}},
                             "text/event-stream": {"schema": {"type": "string"}}}}},
-            params=[_param("after", "query", {"type": "integer", "minimum": 0},
+            params=[_param("after", "query",
+                           {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
                            "only advisories with a larger id (also Last-Event-ID)"),
-                    _param("Last-Event-ID", "header", {"type": "string"},
+                    _param("Last-Event-ID", "header",
+                           {"type": "string", "pattern": "^[0-9]{1,18}$"},
                            "resume the stream after this advisory id")])},
         "/v1/auth/check": {"post": _op("Check the API token; changes nothing", {
             "204": {"description": "the token is accepted"}}, auth=True)},

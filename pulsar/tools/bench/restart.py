@@ -153,7 +153,7 @@ async def bench_restart(topics: int = 10_000, restarts: int = 4) -> dict[str, An
                     seen = await _metrics(http, child.url)
                     lag = int(seen.get("loop_lag_max_ms", -1))
                     runs.append({"gc": gc, "api_s": round(api, 3),
-                                 "attached_s": None if attached is None else round(attached, 2),
+                                 "attached_s": None if attached is None else round(attached, 3),
                                  "lag_ms": lag, "trees_attached": seen.get("trees_attached")})
                     done = "never" if attached is None else f"{attached:.2f} s"
                     _say(f"  restart {run + 1} (--gc {gc}): API after {api:.2f} s, every tree "
