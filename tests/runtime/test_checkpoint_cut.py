@@ -7,6 +7,8 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from dag import CID, BlockStore, EventDescriptor, Identity, PeerId, TopicDescriptor
 from dag.checkpoints import INDEX_FANOUT, Checkpoint, Skip, make_checkpoint
 from dag.store import SCHEMA_VERSION
@@ -116,3 +118,15 @@ def test_a_schema_7_database_gains_the_held_checkpoints_table(tmp_path: Path) ->
     assert holder.held.held(topic) == [checkpoint.cid]
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
+
+
+def test_a_noted_checkpoint_that_no_longer_parses_loses_its_row_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = TopicDescriptor.create(AUTHOR, "t", now=1000.0).cid
+    holder = Holder(tmp_path, {topic: AUTHOR.peer_id})
+    ((checkpoint, blocks),) = _segments(AUTHOR, topic, [3], start_ms=2_000_000)
+    holder.records.offer_many([(dht_key(c), b) for c, b in blocks])
+    monkeypatch.setattr(holder.held, "_block", lambda cid: b"not a checkpoint")
+    assert holder.held.cut(topic, checkpoint.last_ms / 1000 + 1) == 0
+    assert holder.held.held(topic) == []
+    assert all(holder.holds(c) for c, _ in blocks)  # nothing dropped on its word
