@@ -11,7 +11,7 @@ import pytest
 from dag import CID, BlockStore, EventDescriptor, Identity, Retention, TopicDescriptor
 from pulsar import BeforeRetention
 from pulsar.runtime.node_state import NodeState
-from pulsar.runtime.retention import CUT_MARGIN, LogRetention
+from pulsar.runtime.retention import APPLY_EVERY, CUT_MARGIN, LogRetention
 
 from .conftest import Network, collect, eventually
 
@@ -238,3 +238,23 @@ def test_the_hours_expiry_visits_every_topic_remembered(tmp_path: Path) -> None:
     assert state.log_cut_expire(250.0) == 4  # the first two topics' entries
     assert state.log_cut_expire(1000.0) == 2
     assert state.log_cut_expire(1000.0) == 0
+
+
+def test_what_arrives_just_after_a_cut_is_cut_once_apply_every_has_passed(
+        tmp_path: Path) -> None:
+    """A cut at most every APPLY_EVERY seconds per topic, but not never: entries appended
+    right after one are cut by catch_up, without waiting for the next append or sweep."""
+    log = _log_of(tmp_path, [1000.0, 1001.0, 1002.0])
+    retention = log.retention(Retention(max_events=2))
+    retention.appended(log.topic, 6000.0)  # the first append is cut at once
+    assert log.state.log_retained_from(log.topic) == 2
+    more = [EventDescriptor.create(PUBLISHER, log.topic, b"more %d" % i, now=1003.0 + i)
+            for i in range(2)]
+    log.store.put_many([(e.cid, e.block) for e in more])
+    log.state.log_append(log.topic, [e.cid for e in more], 6001.0)
+    retention.appended(log.topic, 6001.0)  # too soon after the last cut: left for later
+    assert log.state.log_retained_from(log.topic) == 2
+    assert retention.catch_up(6001.0 + APPLY_EVERY / 2) == 0  # still too soon
+    assert retention.catch_up(6000.0 + APPLY_EVERY) == 1
+    assert log.state.log_retained_from(log.topic) == 4
+    assert retention.catch_up(6000.0 + 2 * APPLY_EVERY) == 0  # nothing pending any more
