@@ -91,7 +91,10 @@ def _retention(value: Retention | Mapping[str, int | bool] | None) -> Retention 
     max_age, max_events = value.get("max_age"), value.get("max_events")
     if isinstance(max_age, bool) or isinstance(max_events, bool):
         raise ValueError("retention max_age and max_events are integers")
-    return Retention(max_age, max_events, bool(value.get("compact", False)))
+    compact = value.get("compact", False)
+    if not isinstance(compact, bool):
+        raise ValueError("retention compact is true or false")
+    return Retention(max_age, max_events, compact)
 
 
 def _peers(value: Iterable[PeerId | str] | None) -> list[PeerId] | None:

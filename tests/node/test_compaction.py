@@ -10,6 +10,7 @@ import pytest
 
 from dag import BlockStore, EventDescriptor, Identity, Retention, TopicDescriptor
 from dag.errors import SchemaError
+from pulsar.runtime import topic_settings
 from pulsar.runtime.compaction import LogCompaction
 from pulsar.runtime.node_state import NodeState
 from pulsar.runtime.retention import LogRetention
@@ -147,3 +148,11 @@ async def test_subscribers_keep_the_newest_per_key_and_say_what_they_compacted(
                          what="the log compacted to one event per key")
     assert reader.metrics["log_entries_compacted"] == 9
     assert reader.store.get(published[0].cid) is None
+
+
+def test_the_embedded_api_takes_compact_as_a_boolean_only() -> None:
+    changes = topic_settings.topic_changes({"retention": {"compact": True, "max_age": 60}})
+    assert changes.retention == Retention(max_age=60, compact=True)
+    for bad in ({"compact": "yes"}, {"compact": 1}, {"compact": False}):
+        with pytest.raises((ValueError, SchemaError)):
+            topic_settings.topic_changes({"retention": bad})
