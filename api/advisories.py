@@ -17,7 +17,7 @@ from pulsar.runtime.advisories import KEPT
 
 from .common import json_response, node_of
 from .connections import ClientGone, unless_client_gone
-from .history import HEARTBEAT_KEY, HEARTBEAT_S
+from .history import open_event_stream
 from .problems import Problem
 
 __all__ = ["routes"]
@@ -54,11 +54,7 @@ async def advisories(request: web.Request) -> web.StreamResponse:
         return json_response({"advisories": [a.to_json() for a in page],
                               "last_id": page[-1].id if page else after,
                               "lost_before": lost})
-    heartbeat = float(request.app.get(HEARTBEAT_KEY, HEARTBEAT_S))
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no"})
-    await response.prepare(request)
+    response, heartbeat = await open_event_stream(request)
     try:
         await response.write(b"retry: 1000\n\n")
         while not node.stopped:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 
 import aiohttp
 
@@ -334,14 +334,25 @@ class _ClientStreams(_ClientBase):
         place on the node; what was sent and not acknowledged comes again after
         ``ack_wait``). Ends when the consumer is deleted."""
         url = f"{self.base_url}{self._consumer_path(topic, name)}/stream"
+        async for kind, data, _ in self._sse(url, lambda: {}, max_retries=max_retries,
+                                             backoff=backoff, max_backoff=max_backoff,
+                                             idle_timeout=idle_timeout):
+            if kind == "message":
+                yield ConsumerMessage(self, topic, name, json.loads(data))
+
+    async def _sse(self, url: str, extra: Callable[[], dict[str, str]], *, max_retries: int,
+                   backoff: float, max_backoff: float, idle_timeout: float | None
+                   ) -> AsyncGenerator[tuple[str, str, str | None], None]:
+        """The ``(event, data, id)`` of a Server-Sent-Events stream that reconnects after a
+        drop or a 5xx, ``max_retries`` times in a row with exponential ``backoff``
+        (``extra()`` gives headers for each attempt, e.g. ``Last-Event-ID``); a 4xx
+        raises :class:`ApiError`; ends at ``event: end``."""
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
         failures = 0
         while True:
+            headers = self._headers({"Accept": "text/event-stream", **extra()})
             try:
-                async with self.session.get(
-                    url, headers=self._headers({"Accept": "text/event-stream"}),
-                    timeout=timeout,
-                ) as response:
+                async with self.session.get(url, headers=headers, timeout=timeout) as response:
                     if response.status >= 500:
                         raise aiohttp.ClientResponseError(
                             response.request_info, (), status=response.status,
@@ -353,12 +364,10 @@ class _ClientStreams(_ClientBase):
                         done = parser.feed(raw.decode().rstrip("\r\n"))
                         if done is None:
                             continue
-                        kind, data, _ = done
-                        if kind == "end":
+                        if done[0] == "end":
                             return
-                        if kind == "message":
-                            failures = 0
-                            yield ConsumerMessage(self, topic, name, json.loads(data))
+                        failures = 0
+                        yield done
             except ApiError:
                 raise
             except (*_DROPPED, aiohttp.ClientResponseError):
@@ -376,36 +385,17 @@ class _ClientStreams(_ClientBase):
         (and ``before``) says the node no longer holds what came before that id. Resumes
         after a drop with ``Last-Event-ID``; ends when the node stops."""
         url = f"{self.base_url}/v1/node/advisories"
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout)
-        failures = 0
-        while True:
-            headers = {"Accept": "text/event-stream"}
-            if after:
-                headers["Last-Event-ID"] = str(after)
-            try:
-                async with self.session.get(url, headers=self._headers(headers),
-                                            timeout=timeout) as response:
-                    if response.status >= 400:
-                        raise await ApiError.from_response(response)
-                    parser = _SSEParser()
-                    while raw := await response.content.readline():
-                        done = parser.feed(raw.decode().rstrip("\r\n"))
-                        if done is None:
-                            continue
-                        kind, data, event_id = done
-                        if kind == "end":
-                            return
-                        if kind == "lost":
-                            yield {"kind": "lost", **json.loads(data)}
-                        elif kind == "advisory":
-                            failures = 0
-                            if event_id is not None:
-                                after = int(event_id)
-                            yield dict(json.loads(data))
-            except ApiError:
-                raise
-            except _DROPPED:
-                failures += 1
-                if failures > max_retries:
-                    raise
-            await asyncio.sleep(min(max_backoff, backoff * 2 ** max(0, failures - 1)))
+        last = after
+
+        def resume() -> dict[str, str]:
+            return {"Last-Event-ID": str(last)} if last else {}
+
+        async for kind, data, event_id in self._sse(
+                url, resume, max_retries=max_retries, backoff=backoff,
+                max_backoff=max_backoff, idle_timeout=idle_timeout):
+            if kind == "lost":
+                yield {"kind": "lost", **json.loads(data)}
+            elif kind == "advisory":
+                if event_id is not None:
+                    last = int(event_id)
+                yield dict(json.loads(data))

@@ -39,7 +39,7 @@ from pulsar.runtime.consumers import ConsumerInfo, ConsumerMessage
 
 from .common import check_fields, json_body, json_response, node_of, topic_of
 from .connections import ClientGone, unless_client_gone
-from .history import HEARTBEAT_KEY, HEARTBEAT_S, parse_time
+from .history import open_event_stream, parse_time
 from .problems import Problem
 from .topics import event_view
 
@@ -254,11 +254,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     name = _name(request)
     with _problems():
         await node.consumers.info(topic, name)  # a 404 before the stream starts
-    heartbeat = float(request.app.get(HEARTBEAT_KEY, HEARTBEAT_S))
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no"})
-    await response.prepare(request)
+    response, heartbeat = await open_event_stream(request)
     try:
         await response.write(b"retry: 1000\n\n")
         while True:

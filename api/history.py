@@ -34,6 +34,16 @@ HEARTBEAT_S = 15.0
 """An SSE comment line this often keeps proxies and clients from timing the stream out."""
 HEARTBEAT_KEY: web.AppKey[float] = web.AppKey("heartbeat", float)
 NDJSON = "application/x-ndjson"
+
+
+async def open_event_stream(request: web.Request) -> tuple[web.StreamResponse, float]:
+    """A Server-Sent-Events answer, prepared (uncached, unbuffered by proxies), and the
+    heartbeat interval to keep it alive with: what every SSE endpoint starts with."""
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    return response, float(request.app.get(HEARTBEAT_KEY, HEARTBEAT_S))
 _MAX_SEQ = 2**62  # beyond any position; an exclusive upper bound
 READ_BATCH = 100
 """Log entries read at a time by a stream (descriptors only; payloads are read per event)."""
@@ -272,13 +282,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
                       "(PUT /v1/subscriptions/{cid})")
     position = _start_position(node, topic.cid, request)
     node.log_entries(topic.cid, after=position, limit=0)  # before-retention is said now
-    heartbeat = float(request.app.get(HEARTBEAT_KEY, HEARTBEAT_S))
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream",
-        "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no",
-    })
-    await response.prepare(request)
+    response, heartbeat = await open_event_stream(request)
     try:
         await _stream_log(response, node, topic.cid, position, heartbeat)
     except ConnectionError:  # the client went away: nothing to finish
