@@ -22,7 +22,7 @@ topics adopted, INTERESTS, the fragment pacer and RTT probes.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import assert_never
 
 from dag import (
@@ -36,13 +36,13 @@ from dag import (
 from pulsar.proto.batch.messages import Batch
 from pulsar.proto.batch.packing import coalesce
 from pulsar.proto.flood.messages import Subs
-from pulsar.proto.fragments.layer import Fragments
+from pulsar.proto.fragments.layer import Completed, Fragments
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
 from pulsar.proto.gossip.plumtree import Plumtree, PlumtreeConfig
 from pulsar.proto.membership import messages as hv
 from pulsar.proto.membership.overlay import Membership, MembershipConfig
-from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Unvouched
+from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Repaired, Unvouched
 from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want
 from pulsar.proto.topic.dissemination import Accepted, Dissemination, FlowOut, Park
 from pulsar.proto.topic.edges import TreeEdges
@@ -70,12 +70,16 @@ from pulsar.proto.versions.commands import (
 from . import events as ev
 from . import timers as tm
 from .config import LONE_NODE, CoreConfig
-from .events import Out
+from .events import Out, OutEvent
 from .publishing.publisher import Forward, Publisher, PublishItem, WantVersion
 from .reports import Refused
 
 __all__ = ["LONE_NODE", "CoreConfig", "PulsarCore", "Routing", "TreeView"]
 
+Step = OutEvent | Repaired | Completed
+"""What the core gathers from one input: outputs, events repair brought in, large events
+whose payload is complete (or given up). ``_after`` maps the last two; only outputs leave."""
+Steps = Sequence[Step]
 _NOT_PROBED: frozenset[type] = frozenset({Ping, Pong, Leave, Prune, hv.Disconnect})
 """Messages that do not make a peer one we depend on (answers and good-byes)."""
 
@@ -154,6 +158,7 @@ class PulsarCore:
 
     def handle(self, event: ev.InEvent, now: float) -> Out:
         """Apply one input; return the outputs the driver must carry out, in order."""
+        out: Steps
         match event:
             case ev.Received():
                 out = self._on_received(event.peer, event.message, now)
@@ -289,15 +294,14 @@ class PulsarCore:
         backfill = self.backfill
         return lambda cid: cid in seen or backfill.known(topic, cid)
 
-    def _after(self, out: Out, now: float) -> Out:
+    def _after(self, out: Steps, now: float) -> Out:
         """What follows from any input: recent events taken in by repair go down the tree
         (children missed them too), announced topic versions are adopted, and the author
         keeps its heads record fresh. Large events whose payload completed (or was given
         up) are delivered here, and the fragment pacer releases what may go now."""
-        out += self.flow.large_completed(now)
-        out += self.flow.push_repaired(now)
-        extra: Out = self._pub(self.publisher.settle(now), now)
-        for item in out:
+        done = self._large_and_repaired(out, now)
+        extra = [*self._pub(self.publisher.settle(now), now)]
+        for item in done:
             if type(item) is not ev.Deliver:
                 continue
             tree = self._trees.get(item.topic)
@@ -311,12 +315,18 @@ class PulsarCore:
                 # (fresh after each of its publishes) through ours. Heads alone changing
                 # needs no rewrite of ours — that was two record writes per event.
                 extra += self.publisher.records.arm(tree, self.config.author_record_interval, now)
-        out += extra
-        out += self._interests()
-        out += self.backfill.arm_tick()
-        out += self.frags.pump(now)
-        out += self._probes(out, now)
-        return coalesce(out)
+        done += self._large_and_repaired(extra, now)
+        done += self._interests()
+        done += self.backfill.arm_tick()
+        done += self.frags.pump(now)
+        done += self._probes(done, now)
+        return coalesce(done)
+
+    def _large_and_repaired(self, steps: Steps, now: float) -> Out:
+        """Outputs, then large events complete delivered, then repaired events pushed."""
+        out = [item for item in steps if not isinstance(item, Repaired | Completed)]
+        out += self.flow.large_completed([i for i in steps if isinstance(i, Completed)], now)
+        return out + self.flow.push_repaired([i for i in steps if isinstance(i, Repaired)], now)
 
     def _interests(self) -> Out:
         """Tell overlay neighbours the topics we are in (see ``Membership.tell_interests``)."""
@@ -331,9 +341,9 @@ class PulsarCore:
                  if type(item) is ev.Send and type(item.message) not in _NOT_PROBED)
         return [ev.Send(peer, Ping(nonce)) for peer, nonce in self.rtt.probes(peers, now)]
 
-    def _adopt(self, items: AdoptionOut, now: float) -> Out:
+    def _adopt(self, items: AdoptionOut, now: float) -> Steps:
         """Carry out what the adoption room reports, each item where it stands."""
-        out: Out = []
+        out: list[Step] = []
         for item in items:
             match item:
                 case Unparked():
@@ -353,9 +363,9 @@ class PulsarCore:
                     out.append(item)
         return out
 
-    def _command(self, items: list[CommandItem], now: float) -> Out:
+    def _command(self, items: list[CommandItem], now: float) -> Steps:
         """Carry out what the topic-command room reports."""
-        out: Out = []
+        out: list[Step] = []
         for item in items:
             match item:
                 case Created():  # root of both trees
@@ -372,9 +382,9 @@ class PulsarCore:
                     out.append(item)
         return out
 
-    def _pub(self, items: list[PublishItem], now: float) -> Out:
+    def _pub(self, items: list[PublishItem], now: float) -> Steps:
         """Carry out what the publishing room reports, each item where it stands."""
-        out: Out = []
+        out: list[Step] = []
         for item in items:
             match item:
                 case Forward():
@@ -387,9 +397,9 @@ class PulsarCore:
                     out.append(item)
         return out
 
-    def _flow(self, items: FlowOut, now: float) -> Out:
+    def _flow(self, items: FlowOut, now: float) -> Steps:
         """Carry out what the dissemination room reports, each item where it stands."""
-        out: Out = []
+        out: list[Step] = []
         for item in items:
             match item:
                 case Park():
@@ -405,9 +415,9 @@ class PulsarCore:
                     out.append(item)
         return out
 
-    def _life(self, items: LifeOut, now: float) -> Out:
+    def _life(self, items: LifeOut, now: float) -> Steps:
         """Carry out what the tree-lifecycle room reports, each item where it stands."""
-        out: Out = []
+        out: list[Step] = []
         for item in items:
             match item:
                 case ArmRecord():
@@ -423,29 +433,29 @@ class PulsarCore:
                     out.append(item)
         return out
 
-    def _backfill_blocks(self, received: ev.Received, now: float) -> Out:
+    def _backfill_blocks(self, received: ev.Received, now: float) -> Steps:
         """A neighbour's BLOCKS answer, judged against the topic's gap frontier."""
         msg = received.message
         assert isinstance(msg, Blocks)
         frontier = set(self.backfill.missing(msg.topic))
         return self._adopt(self.adoption.backfilled_blocks(received, frontier), now)
 
-    def _pass_backfill(self, item: Backfilled, now: float) -> Out:
+    def _pass_backfill(self, item: Backfilled, now: float) -> Steps:
         if isinstance(item, ev.BlockFetched):
             return self.backfill.on_fetched(item.cid, item.block, now)
         assert isinstance(item.message, Blocks)
         return self.backfill.on_blocks(item.peer, item.message, now)
 
-    def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Out:
+    def _on_subscribe(self, cmd: ev.Subscribe, now: float) -> Steps:
         topic = cmd.topic
         if topic.parent is not None:
             return self._reject(None, f"subscribe names {topic.cid}, not a first version")
-        out = self._adopt(self.adoption.add(topic), now)
+        out = [*self._adopt(self.adoption.add(topic), now)]
         for version in cmd.versions:
             out += self._adopt(self.adoption.add(version), now)
-        return out + self._life(self.life.subscribe(cmd, now), now)
+        return [*out, *self._life(self.life.subscribe(cmd, now), now)]
 
-    def _on_received(self, peer: PeerId, message: ev.Message, now: float) -> Out:
+    def _on_received(self, peer: PeerId, message: ev.Message, now: float) -> Steps:
         match message:
             case Join():
                 return self._on_join(peer, message, now)
@@ -492,16 +502,16 @@ class PulsarCore:
             case hv.Interests():
                 return self.life.on_interests(peer, message, now)
             case Batch():
-                out: Out = []
+                out: list[Step] = []
                 for item in message.messages:
                     out += self._on_received(peer, item, now)
                 return out
             case _:
                 assert_never(message)
 
-    def _on_join(self, peer: PeerId, msg: Join, now: float) -> Out:
+    def _on_join(self, peer: PeerId, msg: Join, now: float) -> Steps:
         tree = self._trees.get(msg.topic)
-        out: Out = []
+        out: list[Step] = []
         if tree is None:
             try:
                 topic = TopicDescriptor.from_block(msg.topic_block, msg.topic)
@@ -509,7 +519,7 @@ class PulsarCore:
                 return self._reject(peer, f"join for {msg.topic}: {exc}")
             if topic.parent is not None:
                 return self._reject(peer, "join must name a topic's first version")
-            out = self._adopt(self.adoption.add(topic), now)
+            out = [*self._adopt(self.adoption.add(topic), now)]
             tree, opened = self.life.relay(topic, now)
             out += opened
         if peer in tree.parents:
@@ -525,7 +535,7 @@ class PulsarCore:
         self.frags.peer_down(peer)
         return out + self.life.peer_down(down, now)
 
-    def _on_timer(self, fired: ev.TimerFired, now: float) -> Out:
+    def _on_timer(self, fired: ev.TimerFired, now: float) -> Steps:
         timer = fired.timer
         match timer:
             case (tm.GapTimeout() | tm.WantTimeout() | tm.RetryFetch() | tm.RetryLost()
@@ -555,9 +565,9 @@ class PulsarCore:
             case _:
                 assert_never(timer)
 
-    def _on_block_fetched(self, fetched: ev.BlockFetched, now: float) -> Out:
+    def _on_block_fetched(self, fetched: ev.BlockFetched, now: float) -> Steps:
         cid, block = fetched.cid, fetched.block
-        out: Out = []
+        out: list[Step] = []
         if self.frags.fetching(cid):
             out += self.frags.on_fetched(cid, block, now)
         if self.backfill.fetching(cid):
@@ -572,21 +582,12 @@ class PulsarCore:
             out += self._life(self.life.meta_fetched(cid, block), now)
         return out
 
-    def _verify_backfilled(
-        self, topic: CID, block: bytes
-    ) -> EventDescriptor | Unvouched | None:
-        """The backfill layer's check of a fetched block: everything ``_on_event`` checks.
-        An event refused only because nothing vouches for it yet is :data:`UNVOUCHED`:
-        the walk from a recorded head may still reach it."""
+    def _verify_backfilled(self, topic: CID, block: bytes) -> EventDescriptor | Unvouched | None:
+        """The repair room's check of a fetched block: everything ``_on_event`` checks
+        (:data:`UNVOUCHED`: refused only until a walk from a recorded head vouches for it)."""
         tree = self._trees.get(topic)
-        if tree is None:
-            return None
-        verdict = self.adoption.verify(tree.topic, block)
-        if verdict == "unvouched":
-            return UNVOUCHED
-        if verdict is not None:
-            self.publisher.saw_publisher(tree, verdict.publisher)
-        return verdict
+        verdict = None if tree is None else self.publisher.judge_block(tree, block)
+        return UNVOUCHED if verdict == "unvouched" else verdict
 
     def _reject(self, peer: PeerId | None, reason: str) -> Out:
         self.metrics["rejected"] += 1

@@ -35,6 +35,7 @@ from pulsar.proto.repair.backfill import (
     GapReported,
     GapTimeout,
     HeadsTick,
+    Repaired,
     RetryFetch,
     RetryLost,
     Verify,
@@ -135,6 +136,8 @@ class Node:
         self.delivered: list[EventDescriptor] = []
         self.reports: list[GapReported] = []
         self.rejected: list[str] = []
+        self.repaired: list[EventDescriptor] = []
+        """What repair reported it brought in (the core pushes these down its tree)."""
         self.timers: list[tuple[float, Any]] = []
         self.busy = 0.0
         verify = kw.pop("verify", None) or _verifier()
@@ -203,6 +206,8 @@ class Net:
                 at.reports.append(out)
             elif isinstance(out, ev.Rejected):
                 at.rejected.append(out.reason)
+            elif isinstance(out, Repaired):
+                at.repaired.append(out.event)
             else:
                 raise AssertionError(f"unexpected output {out!r}")
             queue.extend((at, o) for o in result)
@@ -264,6 +269,9 @@ def test_missing_parent_sends_exactly_one_want_and_delivers_nothing() -> None:
         ev.Deliver(TID, e2, REPAIR_HOP),
         ev.Deliver(TID, e3, 1),
         ev.Deliver(TID, e4, 2),
+        # New to this node: the core pushes them down its tree (children missed them too).
+        Repaired(TID, e2),
+        Repaired(TID, e1),
     ]
     assert core.held(TID) == 0 and core.missing(TID) == []
     assert core.heads(TID) == [e4.cid]
@@ -391,7 +399,8 @@ def test_gap_timeout_reports_releases_and_a_late_ancestor_is_delivered_once() ->
     assert core.on_timer(GapTimeout(TID, 0, 1), 5.0) == []  # superseded
     assert core.on_timer(RetryFetch(TID, 0), 5.1) == [ev.Fetch(e1.cid)]
     out = core.on_fetched(e1.cid, e1.block, 5.2)
-    assert out == [ev.StoreLocal(e1.cid, e1.block), ev.Deliver(TID, e1, REPAIR_HOP)]
+    assert out == [ev.StoreLocal(e1.cid, e1.block), ev.Deliver(TID, e1, REPAIR_HOP),
+                   Repaired(TID, e1)]
     assert core.heads(TID) == [e3.cid]  # the late ancestor has children: not a head
     assert core.metrics["delivered"] == 4 and core.metrics["gaps_open"] == 0
 
@@ -510,7 +519,8 @@ def test_gaps_meeting_on_one_chain_merge_and_deliver_in_order() -> None:
     out = core.on_blocks(PEER, Blocks(TID, chain[4].cid, (chain[4].block, chain[3].block)), 1.1)
     # A's chain reached the held event 2: A closes, B keeps the earlier deadline.
     assert _delivered(out) == [] and core.metrics["gaps_open"] == 1
-    assert out[-1] == ev.SetTimer(3.9, GapTimeout(TID, 1, 2))
+    assert out[-3:] == [ev.SetTimer(3.9, GapTimeout(TID, 1, 2)),
+                        Repaired(TID, chain[4]), Repaired(TID, chain[3])]
     out = core.on_blocks(PEER2, Blocks(TID, chain[1].cid, (chain[1].block,)), 1.2)
     assert _delivered(out) == chain[1:]
 

@@ -504,7 +504,7 @@ def test_counters_keep_the_core_and_the_ordering_layer_apart() -> None:
     assert isinstance(core, PulsarCore)
     core.flow.metrics["duplicates"] = 7
     core.metrics["rejected"] = 5
-    core.backfill._counts["duplicates"] = 2
+    core.backfill._gaps.counts["duplicates"] = 2
     counted = core.counters()
     assert counted["tree_duplicates"] == 7 and counted["inputs_rejected"] == 5
     assert counted["duplicates"] == 2 and "delivered" in counted

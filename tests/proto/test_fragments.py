@@ -13,7 +13,7 @@ from pulsar.proto import events as ev
 from pulsar.proto.codec import decode_message, encode_message
 from pulsar.proto.core import CoreConfig
 from pulsar.proto.fragments.config import FragmentConfig
-from pulsar.proto.fragments.layer import Fragments
+from pulsar.proto.fragments.layer import Completed, Fragments
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.timers import FragmentStall
 from pulsar.proto.tree.messages import MAX_ALSO, Event
@@ -35,6 +35,11 @@ def _large(size: int = 100_000, seed: int = 1) -> tuple[EventDescriptor, list[An
 
 def _head(event: EventDescriptor, hop: int = 1) -> Event:
     return Event(TOPIC.cid, event.block, hop, True)
+
+
+def _completed(out: list[Any]) -> list[Completed]:
+    """The large events a step reports complete (or given up), for the core to deliver."""
+    return [o for o in out if isinstance(o, Completed)]
 
 
 def _sends(out: list[Any]) -> list[tuple[Any, Any]]:
@@ -70,7 +75,7 @@ def test_relay_forwards_each_verified_fragment_at_once() -> None:
         step += frags.pump(0.1 * i)
         assert ev.StoreLocal(cid, block) in step
         assert (child, Fragment(TOPIC.cid, event.cid, cid, block)) in _sends(step)
-        done = frags.take_completed()
+        done = _completed(step)
         assert bool(done) == (i == len(blocks) - 1)
     assert done[0].event == event and not done[0].gave_up
 
@@ -230,8 +235,7 @@ def test_a_stalled_event_asks_neighbours_then_the_dht_then_gives_up() -> None:
     fetches = [o.cid for o in out if isinstance(o, ev.Fetch)]
     assert fetches and set(fetches) <= {c for c, _ in blocks}
     # A block found nowhere: given up, and delivered without its payload held here.
-    frags.on_fetched(fetches[0], None, 2.2)
-    [done] = frags.take_completed()
+    [done] = _completed(frags.on_fetched(fetches[0], None, 2.2))
     assert done.gave_up and done.event == event
     assert not frags.receiving(event.cid)
 
@@ -252,14 +256,15 @@ def test_partial_events_are_bounded() -> None:
     ``max_event_size`` is given up at once."""
     frags = Fragments(FragmentConfig(max_partial=2, threshold=1, max_event_size=50_000))
     events = [_large(seed=s) for s in range(3)]
+    out: list[Any] = []
     for event, _ in events:
-        frags.receive(TOPIC.cid, event, 1, PEERS[0], _head(event), [], [], 0.0)
-    [dropped] = frags.take_completed()
+        out += frags.receive(TOPIC.cid, event, 1, PEERS[0], _head(event), [], [], 0.0)
+    [dropped] = _completed(out)
     assert dropped.event == events[0][0] and dropped.gave_up
     event, blocks = events[1]
     root, root_block = blocks[0]
-    frags.on_fragment(PEERS[0], Fragment(TOPIC.cid, event.cid, root, root_block), 0.0)
-    [too_big] = frags.take_completed()
+    [too_big] = _completed(
+        frags.on_fragment(PEERS[0], Fragment(TOPIC.cid, event.cid, root, root_block), 0.0))
     assert too_big.gave_up and "over the limit" in too_big.reason
 
 

@@ -19,6 +19,7 @@ from pulsar.proto.repair.backfill import (
     REPAIR_HOP,
     Backfill,
     GapTimeout,
+    Repaired,
     RetryFetch,
     WantTimeout,
 )
@@ -60,6 +61,11 @@ def _stored(events: list[EventDescriptor]) -> list[Any]:
     return [ev.StoreLocal(e.cid, e.block) for e in events]
 
 
+def _pushed(events: list[EventDescriptor]) -> list[Any]:
+    """What repair reports it brought in (for the core to push down the tree)."""
+    return [Repaired(TID, e) for e in events]
+
+
 def _repaired(events: list[EventDescriptor]) -> list[Any]:
     return [ev.Deliver(TID, e, REPAIR_HOP) for e in events]
 
@@ -97,19 +103,21 @@ def test_an_event_from_a_clock_gone_back_does_not_end_a_resumed_walk() -> None:
     out = me.on_blocks(PEER, answer, 0.1)
     # Not history yet: r is held, and the blocks that decide are asked for in one WANT
     # (a resumed subscription looks 8 events past the horizon; without `after`).
-    assert out == [*_stored([r]), *_want(down[-1], 7, (d.cid,), None)]
+    assert out == [*_stored([r]), *_want(down[-1], 7, (d.cid,), None), *_pushed([r])]
     assert me.held(TID) == 2 and me.missing(TID) == [down[-1].cid]
 
     answer = _answer(source, Want(TID, down[-1].cid, 7, (d.cid,), None))
     assert answer.blocks == tuple(e.block for e in reversed(down[11:]))
     out = me.on_blocks(PEER, answer, 0.2)
     # down[17] is newer than the horizon: r's clock was behind. An ordinary WANT follows.
-    assert out == [*_stored(down[:10:-1]), *_want(down[10], 512, (d.cid,), HORIZON)]
+    assert out == [*_stored(down[:10:-1]), *_want(down[10], 512, (d.cid,), HORIZON),
+                   *_pushed(down[:10:-1])]
 
     answer = _answer(source, Want(TID, down[10].cid, 512, (d.cid,), HORIZON))
     assert answer.blocks == tuple(e.block for e in reversed(down[:11]))  # stops before d
     out = me.on_blocks(PEER, answer, 0.3)
-    assert out == [*_stored(down[10::-1]), *_repaired([*down, r]), ev.Deliver(TID, c, 1)]
+    assert out == [*_stored(down[10::-1]), *_repaired([*down, r]), ev.Deliver(TID, c, 1),
+                   *_pushed(down[10::-1])]
 
     assert me.heads(TID) == [c.cid]
     assert me.metrics["held"] == 0 and me.metrics["gaps_open"] == 0
@@ -126,12 +134,15 @@ def test_an_event_from_a_clock_gone_back_does_not_end_a_fresh_walk_over_the_dht(
     assert me.accepted(TID, d, 1, PEER, 0.0) == [ev.Deliver(TID, d, 1)]
 
     assert me.accepted(TID, c, 1, None, 1.0) == [GAP, ev.Fetch(r.cid)]
-    assert me.on_fetched(r.cid, r.block, 1.1) == [*_stored([r]), ev.Fetch(down[-1].cid)]
+    assert me.on_fetched(r.cid, r.block, 1.1) == [*_stored([r]), ev.Fetch(down[-1].cid),
+                                                  *_pushed([r])]
     for event, parent in zip(down[:0:-1], down[-2::-1], strict=True):
         assert me.on_fetched(event.cid, event.block, 1.2) == [*_stored([event]),
-                                                              ev.Fetch(parent.cid)]
+                                                              ev.Fetch(parent.cid),
+                                                              *_pushed([event])]
     out = me.on_fetched(down[0].cid, down[0].block, 1.3)
-    assert out == [*_stored([down[0]]), *_repaired([*down, r]), ev.Deliver(TID, c, 1)]
+    assert out == [*_stored([down[0]]), *_repaired([*down, r]), ev.Deliver(TID, c, 1),
+                   *_pushed([down[0]])]
     assert me.metrics["fetches"] == 19 and me.heads(TID) == [c.cid]
     assert me.metrics["held"] == 0 and me.metrics["gaps_open"] == 0
 
@@ -146,7 +157,7 @@ def test_a_skewed_event_whose_parent_was_delivered_is_delivered_at_once() -> Non
     assert me.accepted(TID, d, 1, PEER, 0.0) == [ev.Deliver(TID, d, 1)]
     assert me.accepted(TID, c, 1, PEER, 0.1) == [GAP, *_want(r, 512, (d.cid,), HORIZON)]
     out = me.on_blocks(PEER, Blocks(TID, r.cid, (r.block,)), 0.2)
-    assert out == [*_stored([r]), *_repaired([r]), ev.Deliver(TID, c, 1)]
+    assert out == [*_stored([r]), *_repaired([r]), ev.Deliver(TID, c, 1), *_pushed([r])]
 
 
 def test_a_live_event_from_a_clock_gone_back_waits_for_its_parent() -> None:
@@ -160,10 +171,12 @@ def test_a_live_event_from_a_clock_gone_back_waits_for_its_parent() -> None:
     out = me.accepted(TID, r, 1, PEER, 0.0)
     assert out == [GAP, *_want(down[-1], 7, (d.cid,), None)]
     out = me.on_blocks(PEER, _answer(source, Want(TID, down[-1].cid, 7, (d.cid,), None)), 0.1)
-    assert out == [*_stored(down[:10:-1]), *_want(down[10], 512, (d.cid,), HORIZON)]
+    assert out == [*_stored(down[:10:-1]), *_want(down[10], 512, (d.cid,), HORIZON),
+                   *_pushed(down[:10:-1])]
     out = me.on_blocks(PEER, _answer(source, Want(TID, down[10].cid, 512, (d.cid,), HORIZON)),
                        0.2)
-    assert out == [*_stored(down[10::-1]), *_repaired(down), ev.Deliver(TID, r, 1)]
+    assert out == [*_stored(down[10::-1]), *_repaired(down), ev.Deliver(TID, r, 1),
+                   *_pushed(down[10::-1])]
     assert me.accepted(TID, c, 1, PEER, 0.3) == [ev.Deliver(TID, c, 1)]
 
 
@@ -180,15 +193,18 @@ def test_a_run_of_skewed_events_does_not_end_a_resumed_walk() -> None:
     assert me.accepted(TID, c, 1, PEER, 0.0) == [GAP, *_want(skewed[2], 512, (d.cid,),
                                                                HORIZON)]
     out = me.on_blocks(PEER, Blocks(TID, skewed[2].cid, (skewed[2].block,)), 0.1)
-    assert out == [*_stored([skewed[2]]), *_want(skewed[1], 7, (d.cid,), None)]
+    assert out == [*_stored([skewed[2]]), *_want(skewed[1], 7, (d.cid,), None),
+                   *_pushed([skewed[2]])]
     answer = _answer(source, Want(TID, skewed[1].cid, 7, (d.cid,), None))
     assert answer.blocks == tuple(e.block for e in [skewed[1], skewed[0], *down[:4:-1]])
     out = me.on_blocks(PEER, answer, 0.2)
     assert out == [*_stored([skewed[1], skewed[0], *down[:4:-1]]),
-                   *_want(down[4], 512, (d.cid,), HORIZON)]
+                   *_want(down[4], 512, (d.cid,), HORIZON),
+                   *_pushed([skewed[1], skewed[0], *down[:4:-1]])]
     answer = _answer(source, Want(TID, down[4].cid, 512, (d.cid,), HORIZON))
     out = me.on_blocks(PEER, answer, 0.3)
-    assert out == [*_stored(down[4::-1]), *_repaired([*down, *skewed]), ev.Deliver(TID, c, 1)]
+    assert out == [*_stored(down[4::-1]), *_repaired([*down, *skewed]), ev.Deliver(TID, c, 1),
+                   *_pushed(down[4::-1])]
 
 
 # --------------------------------------------------------------------------- (2) history
@@ -210,7 +226,8 @@ def test_history_still_ends_a_fresh_walk_one_block_later() -> None:
     answer = _answer(source, Want(TID, history[-1].cid, 512, (), HORIZON))
     assert answer.blocks == (history[-1].block,)
     out = me.on_blocks(PEER, answer, 0.1)
-    assert out == [*_stored(history[-1:]), *_want(history[-2], 1, (), None)]
+    assert out == [*_stored(history[-1:]), *_want(history[-2], 1, (), None),
+                   *_pushed(history[-1:])]
     answer = _answer(source, Want(TID, history[-2].cid, 1, (), None))
     assert answer.blocks == (history[-2].block,)
     # Two events in a row older than the horizon: history. Nothing more is asked for.
@@ -229,7 +246,7 @@ def test_history_still_ends_a_fresh_walk_over_the_dht() -> None:
     me = _core(since=SINCE)
     assert me.accepted(TID, live, 1, None, 0.0) == [GAP, ev.Fetch(history[-1].cid)]
     out = me.on_fetched(history[-1].cid, history[-1].block, 0.1)
-    assert out == [*_stored(history[-1:]), ev.Fetch(history[-2].cid)]
+    assert out == [*_stored(history[-1:]), ev.Fetch(history[-2].cid), *_pushed(history[-1:])]
     out = me.on_fetched(history[-2].cid, history[-2].block, 0.2)
     assert out == [*_stored(history[-2:-1]), ev.Deliver(TID, live, 1)]
     assert me.metrics["fetches"] == 2 and me.metrics["gaps_open"] == 0
@@ -273,11 +290,14 @@ def test_a_resumed_walk_into_older_history_looks_eight_events_past_the_horizon()
                                                                   HORIZON)]
     out = me.on_blocks(PEER, _answer(source, Want(TID, history[-1].cid, 512, (d.cid,),
                                                   HORIZON)), 0.1)
-    assert out == [*_stored(history[-1:]), *_want(history[-2], 7, (d.cid,), None)]
+    assert out == [*_stored(history[-1:]), *_want(history[-2], 7, (d.cid,), None),
+                   *_pushed(history[-1:])]
     answer = _answer(source, Want(TID, history[-2].cid, 7, (d.cid,), None))
     assert answer.blocks == tuple(e.block for e in history[-2:-9:-1])
     out = me.on_blocks(PEER, answer, 0.2)
-    assert out == [*_stored(history[-2:-9:-1]), ev.Deliver(TID, live, 1)]
+    # The first six were held (not yet 8 in a row); the eighth was history.
+    assert out == [*_stored(history[-2:-9:-1]), ev.Deliver(TID, live, 1),
+                   *_pushed(history[-2:-8:-1])]
     assert me.metrics["wants_sent"] == 2 and me.metrics["backfilled"] == 8
     assert me.metrics["gaps_open"] == 0 and me.metrics["held"] == 0
 
@@ -290,7 +310,7 @@ def test_a_look_ahead_that_cannot_finish_ends_as_the_horizon_did() -> None:
     me = _core(since=SINCE)
     assert me.accepted(TID, live, 1, None, 0.0) == [GAP, ev.Fetch(history[-1].cid)]
     out = me.on_fetched(history[-1].cid, history[-1].block, 0.1)
-    assert out == [*_stored(history[-1:]), ev.Fetch(history[-2].cid)]
+    assert out == [*_stored(history[-1:]), ev.Fetch(history[-2].cid), *_pushed(history[-1:])]
     assert me.on_fetched(history[-2].cid, None, 0.2) == [ev.SetTimer(0.5, RetryFetch(TID, 0))]
     assert me.on_timer(GapTimeout(TID, 0, 1), 5.0) == [ev.Deliver(TID, live, 1)]
     assert me.known(TID, history[-1].cid) and me.heads(TID) == [live.cid]
@@ -340,6 +360,8 @@ def _ahead_walk(skew: float) -> list[Any]:
                 return ("want", names[head], limit, after_)
             case ev.Fetch(cid=cid):
                 return ("fetch", names[cid])
+            case Repaired(event=event):
+                return ("pushed", event.payload)
         return item
 
     return [name(o) for o in outputs if not isinstance(o, ev.SetTimer)]
@@ -353,6 +375,8 @@ def test_an_event_from_a_clock_ahead_changes_nothing() -> None:
         ("store", b"p4"), ("store", b"p3"), ("store", b"p2"), ("store", b"p1"),
         ("store", b"p0"), ("store", b"h9"),
         ("want", b"h8", 1, None),
+        ("pushed", b"p4"), ("pushed", b"p3"), ("pushed", b"p2"), ("pushed", b"p1"),
+        ("pushed", b"p0"), ("pushed", b"h9"),
         ("store", b"h8"),
         ("deliver", b"p0", REPAIR_HOP), ("deliver", b"p1", REPAIR_HOP),
         ("deliver", b"p2", REPAIR_HOP), ("deliver", b"p3", REPAIR_HOP),

@@ -32,8 +32,9 @@ Two halves, one per direction, both sans-I/O:
 
 Cut-through: with ``cut_through`` a relay queues each verified fragment for its targets at
 once; without it (store-and-forward, the baseline) it sends nothing until the whole payload
-arrived and verified. The core delivers a large event only when its payload is complete
-(:meth:`Fragments.take_completed`).
+arrived and verified. The core delivers a large event only when its payload is complete:
+receiving yields a :class:`Completed` among its outputs (``FragOut``) when it is, or when
+it gave up on it.
 
 Layout: the receiving half lives in :mod:`pulsar.proto.fragments.receiving`, the sending
 half in :mod:`pulsar.proto.fragments.sending`; this module holds the configuration and
@@ -51,11 +52,11 @@ from pulsar.proto.tree.messages import Event
 
 from .config import FragmentConfig
 from .messages import Fragment, FWant, IDontWant
-from .receiving import Completed, Partial, Receiver
+from .receiving import Completed, FragOut, Partial, Receiver
 from .sending import Outgoing, Sender
 from .timers import FragmentStall
 
-__all__ = ["Completed", "Fragments", "Outgoing", "Partial"]
+__all__ = ["Completed", "FragOut", "Fragments", "Outgoing", "Partial"]
 
 
 class Fragments:
@@ -89,9 +90,6 @@ class Fragments:
 
     def fetching(self, cid: CID) -> bool:
         return self._receiver.fetching(cid)
-
-    def take_completed(self) -> list[Completed]:
-        return self._receiver.take_completed()
 
     # ------------------------------------------------------------------ sending
 
@@ -148,17 +146,17 @@ class Fragments:
         self, topic: CID, event: EventDescriptor, hop: int, sender: PeerId, head: Event,
         targets: list[PeerId], tell: list[PeerId], now: float,
         also: tuple[PeerId, ...] = (),
-    ) -> Out:
+    ) -> FragOut:
         """A large event's EVENT arrived (flagged ``frags``): expect its chunk tree, queue it
         for ``targets`` as it comes, and tell ``tell`` IDONTWANT."""
         return self._receiver.receive(topic, event, hop, sender, head, targets, tell, now, also)
 
-    def on_fragment(self, peer: PeerId, msg: Fragment, now: float) -> Out:
+    def on_fragment(self, peer: PeerId, msg: Fragment, now: float) -> FragOut:
         return self._receiver.on_fragment(peer, msg, now)
 
-    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> FragOut:
         return self._receiver.on_fetched(cid, block, now)
 
-    def on_stall(self, timer: FragmentStall, now: float) -> Out:
+    def on_stall(self, timer: FragmentStall, now: float) -> FragOut:
         """No fragment for ``stall_timeout``: ask the neighbours, the DHT, then give up."""
         return self._receiver.on_stall(timer, now)

@@ -23,7 +23,7 @@ from dag.chunks import MAX_DEPTH, parse_node
 from dag.cid import DAG_CBOR, RAW
 from dag.errors import ChunkError
 from pulsar.proto import events as ev
-from pulsar.proto.events import Out
+from pulsar.proto.events import Out, OutEvent
 from pulsar.proto.tree.messages import Event
 
 from .messages import MAX_WANTED, Fragment, FWant, IDontWant
@@ -33,7 +33,7 @@ from .timers import FragmentStall
 if TYPE_CHECKING:
     from .config import FragmentConfig
 
-__all__ = ["Completed", "Partial", "Receiver"]
+__all__ = ["Completed", "FragOut", "Partial", "Receiver"]
 
 _WANT_SOURCES = 3
 """Peers one stalled event asks at a time."""
@@ -81,6 +81,10 @@ class Completed:
     reason: str = ""
 
 
+FragOut = list[OutEvent | Completed]
+"""What receiving yields: outputs, and the large events it completed or gave up."""
+
+
 class Receiver:
     """The receiving state of one node's fragment layer (config and metrics are the
     :class:`~pulsar.proto.fragments.layer.Fragments` ones, shared); verified blocks go to
@@ -94,17 +98,12 @@ class Receiver:
         self._partial_bytes = 0
         self._fetches: dict[CID, CID] = {}
         """Block being fetched from the DHT -> the event that misses it."""
-        self._completed: list[Completed] = []
 
     def receiving(self, event: CID) -> bool:
         return event in self._partials
 
     def fetching(self, cid: CID) -> bool:
         return cid in self._fetches
-
-    def take_completed(self) -> list[Completed]:
-        done, self._completed = self._completed, []
-        return done
 
     def on_idontwant(self, peer: PeerId, msg: IDontWant) -> None:
         """``peer`` has these events: it is a source to ask if they stall."""
@@ -127,17 +126,16 @@ class Receiver:
         self, topic: CID, event: EventDescriptor, hop: int, sender: PeerId, head: Event,
         targets: list[PeerId], tell: list[PeerId], now: float,
         also: tuple[PeerId, ...] = (),
-    ) -> Out:
+    ) -> FragOut:
         """A large event's EVENT arrived (flagged ``frags``): expect its chunk tree, queue it
         for ``targets`` as it comes (held until complete without cut-through), and tell
         ``tell`` (the other neighbours) IDONTWANT."""
         cfg = self.config
         root = event.payload
         assert isinstance(root, CID)
-        out: Out = []
+        out: FragOut = []
         if root.codec != DAG_CBOR:
-            self._completed.append(Completed(topic, event, hop, sender, True, "root not a node"))
-            return out
+            return [Completed(topic, event, hop, sender, True, "root not a node")]
         while len(self._partials) >= cfg.max_partial:
             oldest = next(iter(self._partials.values()))
             out += self._give_up(oldest, "too many large events at once")
@@ -157,7 +155,7 @@ class Receiver:
         out.append(ev.SetTimer(cfg.stall_timeout, FragmentStall(topic, event.cid, 0)))
         return out
 
-    def on_fragment(self, peer: PeerId, msg: Fragment, now: float) -> Out:
+    def on_fragment(self, peer: PeerId, msg: Fragment, now: float) -> FragOut:
         partial = self._partials.get(msg.event)
         if partial is None or partial.topic != msg.topic:
             # Late (the event completed) or never announced: not kept, never forwarded.
@@ -172,7 +170,7 @@ class Receiver:
         partial.sources[peer] = None
         return self._take(partial, msg.cid, msg.block, now)
 
-    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> Out:
+    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> FragOut:
         event = self._fetches.pop(cid, None)
         partial = None if event is None else self._partials.get(event)
         if partial is None:
@@ -187,11 +185,12 @@ class Receiver:
             out += self._fetch_more(partial)
         return out
 
-    def _take(self, partial: Partial, cid: CID, block: bytes, now: float) -> Out:
+    def _take(self, partial: Partial, cid: CID, block: bytes, now: float) -> FragOut:
         """A verified block of ``partial``'s chunk tree: learn what it names, keep it, queue
         it for the targets; complete the event when nothing is missing."""
         cfg = self.config
         self.metrics["fragments_received"] += 1
+        evicted: FragOut = []
         if cid.codec == DAG_CBOR:
             try:
                 size, links = parse_node(cid, block)
@@ -206,9 +205,9 @@ class Receiver:
                     oldest = next(iter(self._partials.values()))
                     if oldest is partial:
                         break
-                    self._give_up(oldest, "too many bytes of large events at once")
+                    evicted += self._give_up(oldest, "too many bytes of large events at once")
             if any(link.codec not in (RAW, DAG_CBOR) for link in links):
-                return self._give_up(partial, "chunk tree links something else")
+                return evicted + self._give_up(partial, "chunk tree links something else")
             partial.nodes[cid] = (size, links)
             for link in links:
                 if link in partial.missing or link in partial.nodes or link in partial.leaves:
@@ -216,7 +215,7 @@ class Receiver:
                 partial.missing[link] = None
                 partial.expected += 1
             if partial.expected > cfg.max_fragments:
-                return self._give_up(partial, "chunk tree has too many blocks")
+                return evicted + self._give_up(partial, "chunk tree has too many blocks")
         else:
             partial.leaves[cid] = len(block)
             partial.received += len(block)
@@ -224,7 +223,7 @@ class Receiver:
                 return self._give_up(partial, "chunk tree holds more than it declares")
         del partial.missing[cid]
         partial.last_progress = now
-        out: Out = [ev.StoreLocal(cid, block)]
+        out: FragOut = [*evicted, ev.StoreLocal(cid, block)]
         sending = self._sender.sending(partial.event.cid)
         if sending is not None:
             self._sender.add_block(sending, cid, block)
@@ -236,12 +235,10 @@ class Receiver:
             if sending is not None:
                 sending.complete = True
                 sending.held = False
-            self._completed.append(
-                Completed(partial.topic, partial.event, partial.hop, partial.sender, False)
-            )
+            out.append(Completed(partial.topic, partial.event, partial.hop, partial.sender, False))
         return out
 
-    def on_stall(self, timer: FragmentStall, now: float) -> Out:
+    def on_stall(self, timer: FragmentStall, now: float) -> FragOut:
         """No fragment for ``stall_timeout``: ask the neighbours that have the event, then
         the DHT, then give up."""
         partial = self._partials.get(timer.event)
@@ -257,7 +254,7 @@ class Receiver:
             again = FragmentStall(partial.topic, timer.event, partial.stall_seq)
             return [ev.SetTimer(delay, again)]
         partial.stage += 1
-        out: Out = []
+        out: FragOut = []
         if partial.stage <= cfg.want_rounds and partial.sources:
             cids = tuple(list(partial.missing)[:MAX_WANTED])
             want = FWant(partial.topic, timer.event, cids)
@@ -285,16 +282,14 @@ class Receiver:
             out.append(ev.Fetch(cid))
         return out
 
-    def _give_up(self, partial: Partial, reason: str) -> Out:
+    def _give_up(self, partial: Partial, reason: str) -> FragOut:
         """Stop receiving ``partial``: the core delivers it (the payload is read from the
         DHT later), targets that never got its EVENT get it unflagged, so they too deliver
         it and read the payload from the DHT."""
         self.metrics["large_given_up"] += 1
         self._forget(partial)
-        self._completed.append(
-            Completed(partial.topic, partial.event, partial.hop, partial.sender, True, reason)
-        )
-        return self._sender.abandon(partial.event.cid)
+        gave_up = Completed(partial.topic, partial.event, partial.hop, partial.sender, True, reason)
+        return [*self._sender.abandon(partial.event.cid), gave_up]
 
     def _forget(self, partial: Partial) -> None:
         if self._partials.pop(partial.event.cid, None) is not None and partial.size is not None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from dag import (
     CID,
@@ -206,13 +207,19 @@ class Publisher:
         return None
 
     def _verified(self, tree: Tree, block: bytes) -> bool:
-        """Whether ``block`` is an event the tree would take now (see
-        :meth:`~pulsar.proto.versions.adoption.Adoption.verify`)."""
+        """Whether ``block`` is an event the tree would take now."""
+        return isinstance(self.judge_block(tree, block), EventDescriptor)
+
+    def judge_block(
+        self, tree: Tree, block: bytes
+    ) -> EventDescriptor | Literal["unvouched"] | None:
+        """``block`` checked as an event of ``tree`` (see
+        :meth:`~pulsar.proto.versions.adoption.Adoption.verify`); its publisher is noted
+        when it passes (the heads records name every publisher seen)."""
         event = self._adoption.verify(tree.topic, block)
-        if not isinstance(event, EventDescriptor):
-            return False
-        self.saw_publisher(tree, event.publisher)
-        return True
+        if isinstance(event, EventDescriptor):
+            self.saw_publisher(tree, event.publisher)
+        return event
 
     def _fetch_parent(self, cmd: ev.Publish, topic: CID) -> Out:
         waiting = self._parent_checks.get(cmd.parent)  # type: ignore[arg-type]

@@ -1,10 +1,22 @@
 """DAG backfill and causal delivery for every topic a node is in (sans-I/O).
 
-This module owns every transition of the repair layer; the core calls in after it has
-verified and stored an event, and routes the WANT / BLOCKS / HEADS messages, the DHT fetch
-results and this module's timers here. Nothing here does I/O: the local block store, the
-durable delivery log, the tree neighbours and the event check are small interfaces passed
-in, and fetches, sends and timers are outputs.
+:class:`Backfill` is the repair room's one face: the core calls in after it has verified
+and stored an event, and routes the WANT / BLOCKS / HEADS messages, the DHT fetch results
+and the room's timers here. Nothing here does I/O: the local block store, the durable
+delivery log, the tree neighbours and the event check are small interfaces passed in, and
+fetches, sends and timers are outputs. An event that repair brought in (not down the tree)
+comes out as :class:`~pulsar.proto.events.Repaired`, for the core to push down its tree.
+
+Inside, each part owns its state and calls only the parts below it:
+
+- :mod:`.anti_entropy` (HEADS, digests, WANT answers; per topic an ``Exchange``)
+- :mod:`.answers` (BLOCKS and DHT answers, WANT timeouts, peers gone)
+- :mod:`.gaps` (taking events in, opening, moving and ending gaps; the gaps themselves are
+  kept in :mod:`.gap_table`, the waits computed in :mod:`.waits`)
+- :mod:`.causal` (held, delivered, settled, heads, the horizon; per topic an ``Ordering``)
+
+What a lower part cannot do itself comes back as a value (the tips a delivery merges, the
+gap an event moved), never as a call upward.
 
 **Causal delivery.** An event is delivered only after its parent. An event whose parent is
 neither delivered nor *settled* (see below) is **held**; when the parent is delivered, every
@@ -115,26 +127,27 @@ or never-sent event on one branch is otherwise invisible until a descendant name
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import assert_never
 
-from dag import CID, EventDescriptor
-from pulsar.proto import events as ev
+from dag import CID, EventDescriptor, PeerId
 from pulsar.proto.events import GapReported, Out
 from pulsar.proto.tree.rtt import RttTable
 
+from .answers import Answers
 from .anti_entropy import AntiEntropy
 from .causal import CausalOrder
 from .gaps import GapFetching
+from .messages import Blocks, Heads, HeadsDigest, Want
 from .state import (
     REPAIR_HOP,
     UNVOUCHED,
     BackfillConfig,
-    Gap,
     IsDelivered,
     Lookup,
     Neighbours,
-    TopicState,
+    Repaired,
+    RepairOut,
     Unvouched,
     Verify,
     event_links,
@@ -152,6 +165,8 @@ __all__ = [
     "IsDelivered",
     "Lookup",
     "Neighbours",
+    "RepairOut",
+    "Repaired",
     "RetryFetch",
     "UNVOUCHED",
     "Unvouched",
@@ -161,15 +176,11 @@ __all__ = [
 ]
 
 
-def _never_coming(cid: CID) -> bool:
-    return False
-
-
 def _never_delivered(topic: CID, cid: CID) -> bool:
     return False
 
 
-class Backfill(CausalOrder, GapFetching, AntiEntropy):
+class Backfill:
     """Causal delivery, backfill and heads anti-entropy for every topic of one node.
 
     ``lookup`` reads the local block store (to answer WANTs and to find a missing block
@@ -191,93 +202,171 @@ class Backfill(CausalOrder, GapFetching, AntiEntropy):
     ) -> None:
         self.config = config or BackfillConfig()
         self.rtt = rtt or RttTable()
-        self._lookup = lookup
-        self._verify = verify
-        self._is_delivered = is_delivered or _never_delivered
-        self.coming: Callable[[CID], bool] = _never_coming
+        self._causal = CausalOrder(self.config, is_delivered or _never_delivered)
+        self._gaps = GapFetching(self.config, self.rtt, self._causal, lookup, verify,
+                                 neighbours)
+        self._answers = Answers(self._gaps)
+        self._exchange = AntiEntropy(self.config, self._causal, self._gaps, lookup,
+                                     neighbours)
+
+    @property
+    def coming(self) -> Callable[[CID], bool]:
         """Events arriving by another way (a large event's fragments, in the core): a
         neighbour's HEADS naming one opens no gap, or the event would be fetched and
         delivered before its payload is complete."""
-        self._neighbours = neighbours
-        self._topics: dict[CID, TopicState] = {}
-        self._gaps: dict[int, Gap] = {}
-        self._fetches: dict[CID, Gap] = {}
-        self._held = 0
-        self._next_gap = 0
-        self._repaired: list[tuple[CID, EventDescriptor]] = []
-        self._active: dict[CID, None] = {}
-        self._woke = False
-        self._tick_seq = 0
-        self._tick_armed = False
-        self._tick_prompt = False
-        self._counts: dict[str, int] = {
-            "delivered": 0,
-            "backfilled": 0,
-            "found_locally": 0,
-            "wants_sent": 0,
-            "want_timeouts": 0,
-            "wants_answered": 0,
-            "blocks_answered": 0,
-            "fetches": 0,
-            "gaps_reported": 0,
-            "heads_sent": 0,
-            "heads_skipped": 0,
-            "lost_retried": 0,
-            "digests_sent": 0,
-            "digests_matched": 0,
-            "digests_spared": 0,
-            "digests_deferred": 0,
-            "heads_unknown": 0,
-            "unvouched": 0,
-            "merges_followed": 0,
-            "duplicates": 0,
-            "rejected": 0,
-        }
+        return self._gaps.coming
 
-    def arm_tick(self) -> Out:
-        """The heads tick's timer, if a topic is active and it is not armed yet, or armed
-        for later than ``heads_first_delay`` while a topic just woke up (the core asks after
-        every input: one live timer for the node, none while all is idle)."""
-        woke, self._woke = self._woke, False
-        if not self._active or self._neighbours is None:
+    @coming.setter
+    def coming(self, coming: Callable[[CID], bool]) -> None:
+        self._gaps.coming = coming
+
+    # -- topics
+
+    def open(
+        self,
+        topic: CID,
+        now: float,
+        *,
+        deliver: bool = True,
+        since: float | None = None,
+        heads: Iterable[CID] = (),
+        delivered: Iterable[CID] = (),
+    ) -> Out:
+        """Start (or, for an open topic, widen) tracking ``topic``'s tree.
+
+        ``deliver=False`` is a relay: events are ordered, backfilled and answered for, but
+        not delivered. ``since`` is when the subscription began (seconds since the epoch;
+        None: deliver the whole history). ``heads`` and ``delivered`` restore what the
+        durable store knows after a restart. Returns the first heads timer.
+
+        A relay that becomes a subscriber starts over: what it settled while relaying was
+        never delivered, so its heads are walked back again (from the local store, where
+        it kept every block) and delivered from the subscription's ``since``."""
+        order = self._causal.topics.get(topic)
+        if order is not None:
+            if deliver and not order.deliver:
+                relayed = list(order.heads)
+                self.close(topic)
+                self._open(topic, True, since, heads, delivered)
+                return self._gaps.learn_heads(topic, relayed, None, now)
+            self._causal.mark_delivered(topic, delivered)
             return []
-        prompt = woke and not (self._tick_armed and self._tick_prompt)
-        if self._tick_armed and not prompt:
-            return []
-        self._tick_seq += 1
-        self._tick_armed, self._tick_prompt = True, prompt
-        delay = self.config.heads_first_delay if prompt else self.config.heads_interval
-        return [ev.SetTimer(delay, HeadsTick(self._tick_seq))]
+        self._open(topic, deliver, since, heads, delivered)
+        out = self._gaps.missing_merges(topic, now)
+        return out + self.arm_tick()
+
+    def _open(self, topic: CID, deliver: bool, since: float | None, heads: Iterable[CID],
+              delivered: Iterable[CID]) -> None:
+        order = self._causal.open(topic, deliver, since, heads, delivered)
+        self._gaps.table.open_topic(order)
+        self._exchange.open_topic(topic)
+
+    def close(self, topic: CID) -> None:
+        """Forget ``topic`` (unsubscribed): held events are dropped, gaps closed."""
+        self._causal.close(topic)
+        self._exchange.close_topic(topic)
+        self._gaps.table.close_topic(topic)
+
+    def mark_delivered(self, topic: CID, cids: Iterable[CID]) -> None:
+        """Record CIDs the runtime already delivered (its durable log, after a restart)."""
+        self._causal.mark_delivered(topic, cids)
+
+    def raise_horizon(self, topic: CID, before: float) -> None:
+        """See :meth:`CausalOrder.raise_horizon`."""
+        self._causal.raise_horizon(topic, before)
+
+    # -- what the core asks
+
+    def known(self, topic: CID, cid: CID) -> bool:
+        """Whether ``cid`` is delivered (as far as memory knows) or held in ``topic``: the
+        core can skip a copy that arrives down the tree after it was backfilled."""
+        return self._causal.known(topic, cid)
+
+    def heads(self, topic: CID) -> list[CID]:
+        """The newest heads of ``topic`` (at most 256), oldest first: persist them, and
+        they are what HEADS carries."""
+        return self._causal.heads(topic)
+
+    def held(self, topic: CID) -> int:
+        return self._causal.held(topic)
+
+    def fetching(self, cid: CID) -> bool:
+        """Whether a ``Fetch(cid)`` of ours is outstanding (route its ``BlockFetched`` here)."""
+        return self._gaps.fetching(cid)
+
+    def missing(self, topic: CID) -> list[CID]:
+        """The frontiers of ``topic``'s open gaps: what is being fetched right now."""
+        return self._gaps.missing(topic)
 
     @property
     def metrics(self) -> dict[str, int]:
         """Counters, plus the gauges ``gaps_open`` and ``held``."""
-        return {**self._counts, "gaps_open": len(self._gaps), "held": self._held}
+        return {**self._causal.counts, **self._gaps.counts, **self._exchange.counts,
+                "gaps_open": len(self._gaps.table.by_id), "held": self._causal.held_count}
+
+    # -- inputs
+
+    def accepted(
+        self, topic: CID, event: EventDescriptor, hop: int, sender: PeerId | None, now: float
+    ) -> Out:
+        """An event the core verified (CID, signatures, rights) and stored, from the tree
+        (``sender``) or published here (``sender=None``). Delivers it and what it unblocks,
+        or holds it and starts fetching its ancestors. The topic must be open."""
+        return self._gaps.accepted(topic, event, hop, sender, now)
+
+    def learn_heads(
+        self, topic: CID, heads: Iterable[CID], peer: PeerId | None, now: float,
+        *, reorder: bool = False,
+    ) -> Out:
+        """Heads learned from ``peer`` (None: from the DHT's heads records): open a gap
+        for each one we do not know, asking that peer first (or the DHT)."""
+        return self._gaps.learn_heads(topic, heads, peer, now, reorder=reorder)
+
+    def on_blocks(self, peer: PeerId, msg: Blocks, now: float) -> RepairOut:
+        return self._answers.on_blocks(peer, msg, now)
+
+    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> RepairOut:
+        return self._answers.on_fetched(cid, block, now)
+
+    def peer_down(self, peer: PeerId, now: float) -> Out:
+        """``peer`` is gone: its WANTs will not be answered, ask the DHT instead."""
+        out = self._answers.peer_down(peer, now)
+        self._exchange.forget_peer(peer)
+        return out
+
+    def on_want(self, peer: PeerId, msg: Want, now: float) -> Out:
+        return self._exchange.on_want(peer, msg, now)
+
+    def on_heads(self, peer: PeerId, msg: Heads, now: float) -> Out:
+        return self._exchange.on_heads(peer, msg, now)
+
+    def on_digest(self, peer: PeerId, msg: HeadsDigest, now: float) -> Out:
+        return self._exchange.on_digest(peer, msg, now)
+
+    def cover(self, topic: CID, cid: CID, peers: Iterable[PeerId]) -> None:
+        """``peers`` have event ``cid`` of ``topic`` or were told of it: a HEADS need not
+        tell them."""
+        self._exchange.cover(topic, cid, peers)
+
+    def tick(self, topic: CID, neighbours: Iterable[PeerId], now: float) -> Out:
+        """One heads tick for ``topic`` (see :meth:`AntiEntropy.tick`)."""
+        return self._exchange.tick(topic, neighbours, now)
+
+    def arm_tick(self) -> Out:
+        """The heads tick's timer, when one should be armed (see :meth:`AntiEntropy.arm_tick`)."""
+        return self._exchange.arm_tick()
 
     def on_timer(self, timer: BackfillTimer, now: float) -> Out:
         match timer:
             case GapTimeout():
-                return self._on_gap_timeout(timer, now)
+                return self._gaps.on_gap_timeout(timer, now)
             case WantTimeout():
-                return self._on_want_timeout(timer, now)
+                return self._answers.on_want_timeout(timer, now)
             case RetryLost():
-                return self._on_retry_lost(timer, now)
+                return self._gaps.on_retry_lost(timer, now)
             case RetryFetch():
-                gap = self._gaps.get(timer.gap)
-                if gap is None:
-                    return []
-                gap.retry_armed = False
-                out: Out = []
-                self._pump(self._topics[gap.topic], gap, now, out)
-                return out
+                return self._gaps.on_retry_fetch(timer, now)
             case HeadsTick():
-                if timer.seq != self._tick_seq:
-                    return []  # re-armed sooner since: this one is stale
-                self._tick_armed = False
-                out = []
-                for topic in list(self._active):
-                    neighbours = self._neighbours(topic) if self._neighbours else ()
-                    out += self.tick(topic, neighbours, now)
-                return out + self.arm_tick()
+                return self._exchange.on_tick(timer, now)
             case _:
                 assert_never(timer)

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, cid_of
 from pulsar.proto.fragments.chunks import large_blocks
-from pulsar.proto.fragments.layer import Fragments
+from pulsar.proto.fragments.layer import Completed, Fragments
 from pulsar.proto.gossip.plumtree import Plumtree
-from pulsar.proto.repair.backfill import Backfill
+from pulsar.proto.repair.backfill import Backfill, Repaired
 from pulsar.proto.tree.messages import Event
 from pulsar.proto.tree.routing import Tree
 from pulsar.proto.versions.adoption import Adoption
@@ -62,7 +62,7 @@ class Accepted:
     event: EventDescriptor
 
 
-FlowItem = OutEvent | Park | Accepted | Refused
+FlowItem = OutEvent | Park | Accepted | Refused | Completed
 FlowOut = list[FlowItem]
 
 
@@ -252,11 +252,11 @@ class Dissemination:
         self.cover(tree, event.cid, eager, None)
         return out
 
-    def large_completed(self, now: float) -> Out:
+    def large_completed(self, completed: list[Completed], now: float) -> Out:
         """Large events received in full (or given up: their payload is then read from the
         DHT) go to causal delivery; without cut-through they are announced only now."""
         out: Out = []
-        for done in self.frags.take_completed():
+        for done in completed:
             tree = self._trees.get(done.topic)
             if tree is None:
                 continue
@@ -270,11 +270,11 @@ class Dissemination:
                 self.cover(tree, done.event.cid, eager, done.sender)
         return out
 
-    def push_repaired(self, now: float) -> Out:
+    def push_repaired(self, repaired: list[Repaired], now: float) -> Out:
         """Recent events taken in by repair go down the tree: children missed them too.
         History (older than the horizon slack) is left to children that want it."""
         out: Out = []
-        for topic, event in self.backfill.take_repaired():
+        for topic, event in ((r.topic, r.event) for r in repaired):
             tree = self._trees.get(topic)
             if tree is None:
                 continue

@@ -1,0 +1,156 @@
+"""The answers to gap fetching's requests: a neighbour's BLOCKS, a block the DHT found
+(or did not), a WANT that timed out, a neighbour gone. Each is matched to the gap that
+asked, its blocks are verified and taken in (only a block that *is* a frontier: a peer
+cannot make us verify or hold what we did not ask for), and the gap asks again where its
+chain still does not connect. Requests go out from :mod:`.gaps`; this part only calls
+into it, never the other way."""
+
+from __future__ import annotations
+
+from dag import CID, PeerId, cid_of
+from pulsar.proto import events as ev
+from pulsar.proto.events import Out
+
+from .gaps import GapFetching
+from .messages import Blocks
+from .state import REPAIR_HOP, Gap, Repaired, RepairOut, Unvouched
+from .timers import RetryFetch, WantTimeout
+
+__all__ = ["Answers"]
+
+
+class Answers:
+    """Answers to the WANTs and DHT fetches of one node's gaps."""
+
+    def __init__(self, gaps: GapFetching) -> None:
+        self._gaps = gaps
+
+    def on_blocks(self, peer: PeerId, msg: Blocks, now: float) -> RepairOut:
+        """A BLOCKS answer: take each block that is a frontier (newest first), then ask
+        again where the chain still does not connect."""
+        f = self._gaps.topics.get(msg.topic)
+        if f is None:
+            return []
+        out: Out = []
+        gap = f.wants.pop((peer, msg.head), None)
+        if gap is not None and not gap.closed and gap.asked == msg.head and gap.asked_peer == peer:
+            gap.asked = None
+        else:
+            gap = None  # a late answer: its blocks still count, the request is over
+        bad = False
+        touched: list[Gap] = []
+        repaired: list[Repaired] = []
+        for block in msg.blocks:
+            cid = cid_of(block)
+            if cid not in f.frontier:
+                break  # connected, stale, or not a chain: nothing more we asked for
+            event = self._gaps.verify(msg.topic, block)
+            if isinstance(event, Unvouched):
+                out.append(ev.StoreLocal(cid, block))  # judged again from here
+                if gap is not None and gap.frontier == cid:
+                    gap.asked = None  # the retry below is its next request
+                self._gaps.wait_for_vouching(f.frontier[cid], now, out)
+                bad = True
+                break
+            if event is None or event.cid != cid:
+                self._gaps.invalid(f, cid, peer, now, out)
+                bad = True
+                break
+            out.append(ev.StoreLocal(cid, block))
+            self._gaps.counts["backfilled"] += 1
+            moved, new = self._gaps.take(f, event, REPAIR_HOP, peer, now, out, fetched=True)
+            if new:
+                repaired.append(Repaired(msg.topic, event))
+            if moved is not None and moved is not gap:
+                touched.append(moved)
+        if gap is not None and not gap.closed:
+            if bad or gap.frontier == msg.head:
+                gap.peer = None  # this peer cannot help with this chain: the DHT can
+            self._gaps.pump(f, gap, now, out)
+        for other in touched:
+            self._gaps.pump(f, other, now, out)
+        self._gaps.unpark(f, peer, now, out)
+        return [*out, *repaired]
+
+    def on_fetched(self, cid: CID, block: bytes | None, now: float) -> RepairOut:
+        """The driver's answer to our ``Fetch(cid)`` (``block`` None: nobody had it)."""
+        gap = self._gaps.table.fetches.pop(cid, None)
+        if gap is None:
+            return []
+        f = self._gaps.topics.get(gap.topic)
+        if f is None:
+            return []
+        out: Out = []
+        own = not gap.closed and gap.asked == cid and gap.asked_peer is None
+        if own:
+            gap.asked = None
+        moved: Gap | None = None
+        repaired: list[Repaired] = []
+        if block is not None and cid in f.frontier and cid.verifies(block):
+            event = self._gaps.verify(gap.topic, block)
+            if isinstance(event, Unvouched):
+                out.append(ev.StoreLocal(cid, block))  # judged again from here
+                waiting = f.frontier[cid]
+                self._gaps.wait_for_vouching(waiting, now, out)
+                if own and waiting is not gap and not gap.closed:
+                    self._gaps.pump(f, gap, now, out)
+                return [*out]
+            if event is None or event.cid != cid:
+                self._gaps.invalid(f, cid, None, now, out)
+                return [*out]
+            out.append(ev.StoreLocal(cid, block))
+            self._gaps.counts["backfilled"] += 1
+            moved, new = self._gaps.take(f, event, REPAIR_HOP, None, now, out, fetched=True)
+            if new:
+                repaired.append(Repaired(gap.topic, event))
+        if own and not gap.closed:
+            if gap.frontier != cid:
+                gap.failures = 0
+            else:
+                gap.failures += 1
+                if gap.failures > self._gaps.config.fetch_retries:
+                    gap.stalled = True  # wait for the gap timeout, or a tree arrival
+                else:
+                    gap.retry_armed = True
+                    delay = self._gaps.config.fetch_retry_delay * 2 ** (gap.failures - 1)
+                    out.append(ev.SetTimer(delay, RetryFetch(gap.topic, gap.id)))
+            self._gaps.pump(f, gap, now, out)
+        if moved is not None and moved is not gap:
+            self._gaps.pump(f, moved, now, out)
+        return [*out, *repaired]
+
+    def peer_down(self, peer: PeerId, now: float) -> Out:
+        """``peer`` is gone: its WANTs will not be answered, ask the DHT instead."""
+        out: Out = []
+        for gap in list(self._gaps.table.by_id.values()):
+            if gap.closed:
+                continue
+            if gap.peer == peer:
+                gap.peer = None
+                if gap.parked:
+                    gap.parked = False
+                    self._gaps.pump(self._gaps.topics[gap.topic], gap, now, out)
+            if gap.asked is not None and gap.asked_peer == peer:
+                f = self._gaps.topics[gap.topic]
+                f.wants.pop((peer, gap.asked), None)
+                gap.asked = None
+                self._gaps.pump(f, gap, now, out)
+        return out
+
+    def on_want_timeout(self, timer: WantTimeout, now: float) -> Out:
+        f = self._gaps.topics.get(timer.topic)
+        if f is None:
+            return []
+        key = (timer.peer, timer.head)
+        gap = f.wants.get(key)
+        if gap is None or gap.id != timer.gap:
+            return []
+        del f.wants[key]
+        out: Out = []
+        if not gap.closed and gap.asked == timer.head and gap.asked_peer == timer.peer:
+            self._gaps.counts["want_timeouts"] += 1
+            gap.asked = None
+            gap.peer = None
+            self._gaps.pump(f, gap, now, out)
+        self._gaps.unpark(f, timer.peer, now, out)
+        return out
