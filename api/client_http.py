@@ -68,11 +68,20 @@ class ApiError(Exception):
         if not isinstance(problem, dict):
             # Not from the API itself (a proxy, another server on the port): keep the text.
             problem = {"status": response.status, "detail": text[:500] or response.reason}
+        return cls.from_problem(problem, response.status, response.reason or "")
+
+    @classmethod
+    def from_problem(cls, problem: Mapping[str, Any], status: int | None = None,
+                     reason: str = "") -> ApiError:
+        """A problem document: an error answer's body, or one line of a batch's answer."""
+        if status is None:
+            given = problem.get("status")
+            status = given if type(given) is int else 500
         type_ = str(problem.get("type", ""))
         kind = type_[len(PROBLEM_BASE):] if type_.startswith(PROBLEM_BASE) else (
-            type_ or f"http-{response.status}")
-        detail = str(problem.get("detail") or problem.get("title") or response.reason or "")
-        return cls(response.status, kind, detail, problem)
+            type_ or f"http-{status}")
+        detail = str(problem.get("detail") or problem.get("title") or reason)
+        return cls(status, kind, detail, problem)
 
 
 def _params(**values: Any) -> dict[str, str]:
@@ -141,6 +150,17 @@ class _ClientBase:
                 return None
             data = await _read_bounded(response)
             return json.loads(data) if data else None
+
+    async def _call_ndjson(self, path: str, lines: list[Json]) -> list[Json]:
+        """POST ``lines`` as NDJSON; the answer's lines (NDJSON too), parsed."""
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        headers = self._headers({"Content-Type": "application/x-ndjson"})
+        async with self.session.post(self.base_url + path, data=data,
+                                     headers=headers) as response:
+            if response.status >= 400:
+                raise await ApiError.from_response(response)
+            body = await _read_bounded(response)
+        return [json.loads(line) for line in body.splitlines() if line.strip()]
 
     @staticmethod
     def _cid(cid: str) -> str:

@@ -30,6 +30,10 @@ def _dumps(body: Any) -> str:
     return json.dumps(body) + "\n"  # a newline ends each answer, as curl users expect
 
 
+NDJSON = "application/x-ndjson"
+"""Newline-delimited JSON: history and replay streams, and publishing in batches."""
+
+
 def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None
                   ) -> web.Response:
     return web.json_response(body, status=status, headers=headers, dumps=_dumps)

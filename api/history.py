@@ -19,7 +19,7 @@ from aiohttp import web
 from dag import CID, TopicDescriptor
 from pulsar import BeforeRetention, LogEntry, Node
 
-from .common import MAX_PAGE, node_of, query_choice, query_int, topic_of
+from .common import MAX_PAGE, NDJSON, node_of, query_choice, query_int, topic_of
 from .limits import PAGE_BYTES, SEQ_DIGITS
 from .logblocks import MAGIC, MEDIA_TYPE, encode_record
 from .problems import STREAMING, Problem
@@ -33,7 +33,6 @@ routes = web.RouteTableDef()
 HEARTBEAT_S = 15.0
 """An SSE comment line this often keeps proxies and clients from timing the stream out."""
 HEARTBEAT_KEY: web.AppKey[float] = web.AppKey("heartbeat", float)
-NDJSON = "application/x-ndjson"
 
 
 async def open_event_stream(request: web.Request) -> tuple[web.StreamResponse, float]:

@@ -34,6 +34,11 @@ RAW_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
 """Largest payload of a raw (``application/octet-stream``) publish: the node's own limit on
 an event (``core.fragments.max_event_size``), 16 MiB by default; the body streams in and is
 refused as soon as it passes the limit."""
+BATCH_EVENTS: Final = 1000
+"""Most events (lines) in one NDJSON publish batch."""
+BATCH_BYTES: Final = 8 * 1024 * 1024
+"""Most bytes in one publish batch's body (each line's payload is bounded as a single
+publish's)."""
 JSON_DEPTH: Final = 64
 """Deepest nesting of arrays and objects in a request body (the body itself is depth 1)."""
 PAGE_EVENTS: Final = 1000
@@ -63,6 +68,8 @@ LIMITS: Final[dict[str, int]] = {
     "request body (bytes)": BODY_BYTES,
     "event payload (bytes)": PAYLOAD_BYTES,
     "raw event payload (bytes)": RAW_PAYLOAD_BYTES,
+    "events per publish batch": BATCH_EVENTS,
+    "publish batch body (bytes)": BATCH_BYTES,
     "JSON nesting depth of a body": JSON_DEPTH,
     "events per JSON history page": PAGE_EVENTS,
     "event JSON per history page (bytes)": PAGE_BYTES,

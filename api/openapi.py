@@ -24,7 +24,7 @@ from dag.descriptors import (
 )
 from pulsar.runtime import consumer_config as consumer
 
-from . import limits
+from . import limits, publishing
 from .history import SECONDS_PATTERN, SEQ_PATTERN
 from .page import ASSETS
 from .problems import PROBLEM_BASE, PROBLEM_TYPES
@@ -96,6 +96,21 @@ def _raw_upload(op: dict[str, Any]) -> dict[str, Any]:
                                "raw upload: the payload's media type"),
                         _param("parent", "query", _CID, "raw upload: a CUSTOM parent"),
                         _param("key", "query", _KEY, "raw upload: the event's key")]
+    return op
+
+
+def _batch_upload(op: dict[str, Any]) -> dict[str, Any]:
+    """The publish operation also takes many events at once: an NDJSON body, one
+    ``PublishRequest`` a line, answered with one outcome a line, in order."""
+    op["requestBody"]["content"]["application/x-ndjson"] = {
+        "schema": _ref("PublishRequest"), "x-max-lines": publishing.BATCH_EVENTS,
+        "x-max-bytes": publishing.BATCH_BYTES}
+    op["responses"]["200"] = {
+        "description": "a batch: one line per event, in order: {cid} or {error: problem}",
+        "content": {"application/x-ndjson": {"schema": {"oneOf": [
+            {"type": "object", "required": ["cid"], "properties": {"cid": _CID}},
+            {"type": "object", "required": ["error"], "properties": {"error": _ref("Problem")}},
+        ]}}}}
     return op
 
 
@@ -439,9 +454,10 @@ def openapi_document() -> dict[str, Any]:
             "200": _json({"type": "object", "properties": {"versions": {
                 "type": "array", "items": _ref("Topic")}}}, "versions")}, params=[_PATH_CID])},
         "/v1/topics/{cid}/events": {
-            "post": _raw_upload(_op("Publish an event", {"201": event, "507": _PROBLEM},
-                                    params=[_PATH_CID],
-                                    body=_ref("PublishRequest"), auth=True)),
+            "post": _batch_upload(_raw_upload(_op("Publish an event", {"201": event,
+                                                                        "507": _PROBLEM},
+                                                  params=[_PATH_CID],
+                                                  body=_ref("PublishRequest"), auth=True))),
             "get": _op("History from the delivery log", {
                 "200": {"description": "a page, NDJSON, or the bulk format",
                         "content": {"application/json": {"schema": _ref("HistoryPage")},

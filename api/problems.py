@@ -17,7 +17,8 @@ from aiohttp import web
 
 from pulsar.runtime.errors import BeforeRetention
 
-__all__ = ["PROBLEM_TYPES", "STREAMING", "Problem", "problem_middleware", "problem_response"]
+__all__ = ["PROBLEM_TYPES", "STREAMING", "Problem", "problem_document", "problem_middleware",
+           "problem_response"]
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +73,16 @@ class Problem(Exception):
         self.extra = extra
 
 
+def problem_document(status: int, kind: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """The RFC 9457 problem document: a response's body, or one line's outcome in a batch."""
+    return {"type": PROBLEM_BASE + kind, "title": PROBLEM_TYPES[kind], "status": status,
+            "detail": detail, **extra}
+
+
 def problem_response(
     status: int, kind: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
 ) -> web.Response:
-    body = {
-        "type": PROBLEM_BASE + kind,
-        "title": PROBLEM_TYPES[kind],
-        "status": status,
-        "detail": detail,
-        **extra,
-    }
+    body = problem_document(status, kind, detail, **extra)
     return web.Response(
         status=status,
         text=json.dumps(body) + "\n",

@@ -24,10 +24,11 @@ from dht import BlockNotFound
 from pulsar import Node
 from pulsar.runtime.replay import ReplayError, ReplayIncomplete
 
-from .common import node_of, query_int, topic_of
-from .history import NDJSON, ChunkedWriter, parse_time
+from .common import NDJSON, node_of, query_int, topic_of
+from .history import ChunkedWriter, parse_time
 from .problems import STREAMING, Problem
-from .topics import RETRY_AFTER, event_view
+from .publishing import RETRY_AFTER
+from .topics import event_view
 from .views import parse_cid
 
 __all__ = ["STREAM_AFTER", "routes"]

@@ -15,20 +15,12 @@ from dag import (
     Retention,
     TopicDescriptor,
     check_content_type,
-    check_event_key,
 )
 from dag.errors import SchemaError
-from pulsar import (
-    EventNotFound,
-    Node,
-    NotPersisted,
-    NotRecorded,
-    PayloadTooLarge,
-    PublishError,
-    StorageFull,
-)
+from pulsar import EventNotFound, Node
 
 from .common import (
+    NDJSON,
     check_fields,
     json_body,
     json_response,
@@ -38,22 +30,28 @@ from .common import (
     topic_of,
 )
 from .limits import (
-    PAYLOAD_BYTES,
     SUBTOPIC_NAME_BYTES,
     SUBTOPICS,
     TOPIC_NAME_BYTES,
 )
 from .problems import Problem
-from .views import event_json, parse_cid, parse_payload, parse_peers, topic_json
+from .publishing import (
+    WRITE_REFUSALS,
+    Publication,
+    check_key,
+    parse_publication,
+    publish_batch,
+    publish_one,
+    refusal,
+)
+from .views import event_json, parse_cid, parse_peers, topic_json
 
 __all__ = ["routes"]
 
 routes = web.RouteTableDef()
 
-MAX_PAYLOAD = PAYLOAD_BYTES
 _TOPIC_FIELDS = frozenset({"name", "allowed_publishers", "request_to_publish",
                            "event_linking", "subtopics", "retention"})
-_PUBLISH_FIELDS = frozenset({"json", "text", "base64", "content_type", "parent", "key"})
 _BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -134,10 +132,8 @@ async def create_topic(request: web.Request) -> web.Response:
     name = settings.pop("name")
     try:
         topic = await node_of(request).create_topic(name, **settings)
-    except NotPersisted as exc:
-        raise _unpersisted(exc) from None
-    except StorageFull as exc:
-        raise Problem(507, "storage-full", str(exc), retry_after=RETRY_AFTER) from None
+    except WRITE_REFUSALS as exc:
+        raise refusal(exc) from None
     except (ValueError, TypeError) as exc:
         raise Problem(400, "invalid-field", str(exc)) from None
     return json_response(topic_json(topic), status=201,
@@ -164,12 +160,8 @@ async def update_topic(request: web.Request) -> web.Response:
         raise Problem(400, "invalid-field", "nothing to change")
     try:
         new = await node_of(request).update_topic(topic.cid, **settings)
-    except NotPersisted as exc:
-        raise _unpersisted(exc) from None
-    except StorageFull as exc:
-        raise Problem(507, "storage-full", str(exc), retry_after=RETRY_AFTER) from None
-    except PublishError as exc:
-        raise Problem(403, "publish-refused", str(exc)) from None
+    except WRITE_REFUSALS as exc:
+        raise refusal(exc) from None
     except (ValueError, TypeError) as exc:
         raise Problem(400, "invalid-field", str(exc)) from None
     return json_response(topic_json(new))
@@ -227,29 +219,16 @@ async def event_view(node: Node, event: EventDescriptor, **position: Any) -> dic
 async def publish(request: web.Request) -> web.Response:
     topic: TopicDescriptor = await topic_of(request)
     node = node_of(request)
+    if request.content_type == NDJSON:
+        return await publish_batch(request, node, topic)
     if request.content_type == RAW_TYPE:
         # The payload's bytes as the body, streamed: up to the node's own limit on an
         # event (core.fragments.max_event_size, 16 MiB by default), past the JSON body's.
-        payload, content_type, parent, key = await _raw_publish(request, node)
+        publication = await _raw_publication(request, node)
     else:
-        body = await json_body(request)
-        check_fields(body, _PUBLISH_FIELDS)
-        payload, content_type = parse_payload(body, MAX_PAYLOAD)
-        parent, key = body.get("parent"), body.get("key")
-    parent_cid = None if parent is None else parse_cid(parent, "parent")
-    _check_key(key)
-    try:
-        event = await node.publish(topic.cid, payload, parent=parent_cid,
-                                   content_type=content_type, key=key)
-    except NotPersisted as exc:
-        raise _unpersisted(exc) from None
-    except StorageFull as exc:
-        raise Problem(507, "storage-full", str(exc), retry_after=RETRY_AFTER) from None
-    except PayloadTooLarge as exc:
-        raise Problem(413, "payload-too-large", str(exc)) from None
-    except PublishError as exc:
-        raise Problem(403, "publish-refused", str(exc)) from None
-    answer = event_json(event, payload)
+        publication = parse_publication(await json_body(request))
+    event = await publish_one(node, topic.cid, publication)
+    answer = event_json(event, publication.payload)
     return json_response(answer, status=201, headers={"Location": f"/v1/events/{event.cid}"})
 
 
@@ -257,20 +236,7 @@ RAW_TYPE = "application/octet-stream"
 """A publish whose body is the payload itself (streamed), not a JSON document."""
 
 
-def _check_key(key: Any) -> None:
-    """A publish's ``key``: null, or 1 to 256 bytes of UTF-8 without control characters."""
-    if key is None:
-        return
-    if not isinstance(key, str):
-        raise Problem(400, "invalid-field", "key must be a string or null")
-    try:
-        check_event_key(key)
-    except SchemaError as exc:
-        raise Problem(400, "invalid-field", f"key: {exc}") from None
-
-
-async def _raw_publish(request: web.Request, node: Node
-                       ) -> tuple[bytes, str | None, Any, str | None]:
+async def _raw_publication(request: web.Request, node: Node) -> Publication:
     """Payload, media type (query ``content_type``), parent (query ``parent``) and key
     (query ``key``) of a raw upload."""
     unknown = set(request.query) - {"content_type", "parent", "key"}
@@ -283,8 +249,11 @@ async def _raw_publish(request: web.Request, node: Node
             check_content_type(content_type)
         except SchemaError as exc:
             raise Problem(400, "invalid-field", f"content_type: {exc}") from None
+    parent, key = request.query.get("parent"), request.query.get("key")
+    check_key(key)
     payload = await raw_body(request, node.config.core.fragments.max_event_size)
-    return payload, content_type, request.query.get("parent"), request.query.get("key")
+    return Publication(payload, content_type,
+                       None if parent is None else parse_cid(parent, "parent"), key)
 
 
 @routes.get("/v1/events/{cid}")
@@ -295,19 +264,3 @@ async def get_event(request: web.Request) -> web.Response:
     except EventNotFound as exc:
         raise Problem(404, "event-not-found", str(exc)) from None
     return json_response(await event_view(node, event))
-
-
-RETRY_AFTER = 5
-"""Seconds a client is told to wait before it tries again a write the DHT did not take:
-the node's contacts are re-probed and re-found within about that (docs/operations.md)."""
-
-
-def _unpersisted(exc: NotPersisted) -> Problem:
-    """``503`` with ``Retry-After``: the network, not the request, is at fault. A publish
-    whose event went out but whose heads record was not stored is *indeterminate* (it may
-    still be delivered): ``not-recorded`` says so, so a client does not count it as
-    refused."""
-    if isinstance(exc, NotRecorded):
-        return Problem(503, "not-recorded", str(exc), retry_after=RETRY_AFTER,
-                       indeterminate=True)
-    return Problem(503, "not-persisted", str(exc), retry_after=RETRY_AFTER, indeterminate=False)

@@ -296,3 +296,23 @@ async def test_a_key_is_published_shown_and_a_bad_one_refused(apis: list[Api]) -
             assert caught.value.status == 400 and caught.value.kind == "invalid-field"
         events = [e async for e in client.history(cid)]
     assert [e["key"] for e in events] == ["user/42", None]
+
+
+async def test_publish_batch_answers_each_item_and_refuses_a_malformed_batch(
+        apis: list[Api]) -> None:
+    async with client_for(apis[0]) as client:
+        topic = (await client.create_topic("client-batch"))["cid"]
+        items = [{"payload": b"\x00raw"}, {"payload": "text", "key": "k"},
+                 {"payload": {"n": 3}, "content_type": "application/json"}]
+        outcomes = await client.publish_batch(topic, items)
+        assert len(outcomes) == 3 and all(set(o) == {"cid"} for o in outcomes)
+        events = [await client.get_event(o["cid"]) for o in outcomes]
+        assert [payload_of(e) for e in events] == [b"\x00raw", b"text", b'{"n":3}']
+        assert events[1]["key"] == "k" and events[0]["key"] is None
+        # A CUSTOM parent on a LAST_SEEN topic: that item alone is refused.
+        mixed = await client.publish_batch(topic, [{"payload": "a"},
+                                                   {"payload": "b", "parent": events[0]["cid"]}])
+        assert "cid" in mixed[0] and mixed[1]["error"]["status"] == 403
+        with pytest.raises(ApiError) as caught:
+            await client.publish_batch(topic, [{"payload": "ok"}, {"payload": "x", "key": ""}])
+        assert caught.value.status == 400 and "line 2" in caught.value.detail

@@ -402,3 +402,83 @@ async def test_retention_is_declared_shown_and_a_cut_position_answers_410(
         "retention": {"max_age": 60, "max_events": None, "compact": False}})
     assert status == 200 and v2["retention"] == {  # type: ignore[index]
         "max_age": 60, "max_events": None, "compact": False}
+
+
+NDJSON = {"Content-Type": "application/x-ndjson"}
+
+
+def _ndjson(lines: list[object]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+async def test_a_batch_publishes_every_line_in_order_and_answers_one_line_each(
+        apis: list[Api]) -> None:
+    """An NDJSON body publishes one event per line; the answer is NDJSON, one outcome per
+    line in order, and the events follow each other in the topic as the lines do."""
+    author, reader, _ = apis
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "bulk"})
+    cid = topic["cid"]  # type: ignore[index]
+    await reader.call("PUT", f"/v1/subscriptions/{cid}")
+    lines: list[object] = [{"json": i} for i in range(150)]
+    lines[7] = {"text": "seven", "key": "k7"}
+    status, answer = await author.call("POST", f"/v1/topics/{cid}/events",
+                                       data=_ndjson(lines), headers=NDJSON)
+    assert status == 200, answer
+    outcomes = [json.loads(line) for line in str(answer).splitlines()]
+    assert len(outcomes) == 150 and all(set(o) == {"cid"} for o in outcomes)
+
+    async def all_arrived() -> bool:
+        _, subs = await reader.call("GET", "/v1/subscriptions")
+        return subs["subscriptions"][0]["position"] == 150  # type: ignore[index]
+
+    await eventually(all_arrived, timeout=20)
+    status, page = await reader.call("GET", f"/v1/topics/{cid}/events?limit=1000")
+    events = page["events"]  # type: ignore[index]
+    assert [e["cid"] for e in events] == [o["cid"] for o in outcomes]
+    assert [e["parent"] for e in events[1:]] == [o["cid"] for o in outcomes[:-1]]
+    assert base64.b64decode(events[7]["payload"]) == b"seven" and events[7]["key"] == "k7"
+    assert base64.b64decode(events[8]["payload"]) == b"8"
+
+
+async def test_a_bad_line_refuses_the_whole_batch_and_publishes_nothing(
+        apis: list[Api]) -> None:
+    author = apis[0]
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "bulk-bad"})
+    cid = topic["cid"]  # type: ignore[index]
+    path = f"/v1/topics/{cid}/events"
+    cases: list[tuple[bytes, int, str, str]] = [
+        (_ndjson([{"json": 1}, {"json": 2, "colour": "red"}]), 400, "invalid-field", "line 2"),
+        (b'{"json": 1}\n{"json": \n', 400, "invalid-json", "line 2"),
+        (_ndjson([{"json": 1}, [1, 2]]), 400, "invalid-json", "line 2"),
+        (_ndjson([{"json": 1}, {"json": 1, "key": "\u0007"}]), 400, "invalid-field", "line 2"),
+        (_ndjson([{"base64": "!!"}]), 400, "invalid-field", "line 1"),
+        (b"\n\n", 400, "bad-request", "no events"),
+        (_ndjson([{"json": i} for i in range(1001)]), 413, "payload-too-large", "1000"),
+    ]
+    for body, status_wanted, kind, detail in cases:
+        status, problem = await author.call("POST", path, data=body, headers=NDJSON)
+        assert status == status_wanted, (body[:60], problem)
+        assert problem["type"] == BASE + kind and detail in problem["detail"]  # type: ignore[index]
+    assert author.node.last_position(CID.parse(cid)) == 0
+    status, problem = await author.call("POST", path, data=_ndjson([{"json": 1}]),
+                                        headers=NDJSON, auth=False)
+    assert status == 401
+
+
+async def test_a_refused_line_answers_its_problem_and_the_others_are_published(
+        apis: list[Api]) -> None:
+    """Lines of a batch fail one by one, as single requests would: a CUSTOM parent on a
+    LAST_SEEN topic is refused by the node (403 publish-refused) and the rest go out."""
+    author = apis[0]
+    _, topic = await author.call("POST", "/v1/topics", json={"name": "bulk-mixed"})
+    cid = topic["cid"]  # type: ignore[index]
+    _, first = await author.call("POST", f"/v1/topics/{cid}/events", json={"json": 0})
+    lines = [{"json": 1}, {"json": 2, "parent": first["cid"]}, {"json": 3}]  # type: ignore[index]
+    status, answer = await author.call("POST", f"/v1/topics/{cid}/events",
+                                       data=_ndjson(lines), headers=NDJSON)
+    assert status == 200
+    one, two, three = (json.loads(line) for line in str(answer).splitlines())
+    assert "cid" in one and "cid" in three
+    assert two["error"]["status"] == 403
+    assert two["error"]["type"] == BASE + "publish-refused"
+    assert author.node.last_position(CID.parse(cid)) == 3

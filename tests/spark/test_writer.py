@@ -4,6 +4,7 @@ sink."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,87 @@ def test_streaming_sink_copies_a_topic(source: Any, net: SparkNet, tmp_path: Pat
              .trigger(availableNow=True).start())
     assert query.awaitTermination(120)
     assert sorted(net.payloads(copy)) == sent
+
+
+def test_rows_go_in_batches_in_order_and_a_refused_row_stops_the_task(net: SparkNet) -> None:
+    """``publishBatch`` rows a request: with one request in flight the rows follow each
+    other in the topic in row order, across batches and topics. A row the node refuses
+    stops the task; the rows of its batch the node took are counted as published."""
+    first = net.create_topic("spark/batched-a")
+    second = net.create_topic("spark/batched-b")
+    payloads = [b"%02d" % i for i in range(10)]
+    topics = [first] * 4 + [second] * 2 + [first] * 4
+    options = write_options({"endpoint": net.url(0), "token": net.token(0),
+                             "maxInFlight": "1", "publishBatch": "3"})
+    message = publish_batches(options, iter([pa.RecordBatch.from_pydict(
+        {"payload": payloads, "topic": topics})]))
+    assert message.topics == topics and len(set(message.cids)) == 10
+    assert net.payloads(first) == payloads[:4] + payloads[6:]
+    assert net.payloads(second) == payloads[4:6]
+    assert [cid for _, cid, _ in net.log(first)] == message.cids[:4] + message.cids[6:]
+
+    custom = net.create_topic("spark/batched-custom", event_linking="CUSTOM")
+    root = net.publish(custom, [b"root"])[0]
+    stranger = net.publish(first, [b"not of this topic"])[0]
+    options = write_options({"endpoint": net.url(0), "token": net.token(0), "topic": custom})
+    with pytest.raises(PulsarcastSparkError) as info:
+        publish_batches(options, iter([pa.RecordBatch.from_pydict(
+            {"payload": [b"a", b"b", b"c"], "parent": [root, stranger, root]})]))
+    assert "row 1 could not be published" in info.value.detail
+    assert "publish-refused" in info.value.detail
+    assert "had published 2 event(s)" in info.value.detail
+    assert sorted(net.payloads(custom)) == [b"a", b"c", b"root"]
+
+
+class _ScriptedClient:
+    """Answers ``publish_batch`` from a script: a 503 for a row the first time it comes,
+    what the node answers when a store found too few DHT nodes."""
+
+    def __init__(self, flaky: set[bytes]) -> None:
+        self.flaky = flaky
+        self.requests: list[list[bytes]] = []
+
+    async def publish_batch(self, topic: str, items: list[dict[str, Any]]) -> list[Any]:
+        self.requests.append([item["payload"] for item in items])
+        outcomes: list[Any] = []
+        for item in items:
+            if item["payload"] in self.flaky:
+                self.flaky.discard(item["payload"])
+                outcomes.append({"error": {
+                    "type": "https://pulsarcast.dev/problems/not-persisted", "status": 503,
+                    "detail": "too few DHT nodes stored it"}})
+            else:
+                outcomes.append({"cid": "cid-" + item["payload"].decode()})
+        return outcomes
+
+
+def test_a_row_refused_for_a_reason_that_may_pass_is_sent_again_alone() -> None:
+    from pulsar.tools.spark.publish import _Publisher, _Row
+
+    client = _ScriptedClient({b"b", b"d"})
+    options = write_options({"endpoint": "http://127.0.0.1:1", "token": "t",
+                             "maxInFlight": "1", "publishBatch": "4"})
+    publisher = _Publisher(client, options)  # type: ignore[arg-type]
+    rows = [_Row(i, "topic", p, None) for i, p in enumerate([b"a", b"b", b"c", b"d", b"e"])]
+    asyncio.run(publisher.run(rows))
+    assert publisher.failure is None
+    assert client.requests == [[b"a", b"b", b"c", b"d"], [b"b", b"d"], [b"e"]]
+    assert publisher.published == {i: ("topic", f"cid-{p}") for i, p in enumerate("abcde")}
+
+    client = _ScriptedClient({b"b"})
+    options = write_options({"endpoint": "http://127.0.0.1:1", "token": "t",
+                             "publishRetries": "0", "publishBatch": "4"})
+    publisher = _Publisher(client, options)  # type: ignore[arg-type]
+    asyncio.run(publisher.run(rows[:3]))
+    assert publisher.failure is not None and publisher.failure[0].index == 1
+    assert sorted(publisher.published) == [0, 2]
+
+
+def test_the_writer_knows_the_nodes_limit_on_a_batch() -> None:
+    """The writer states the limit itself (its executors do not import the API server)."""
+    from api.limits import BATCH_EVENTS
+    from pulsar.tools.spark.options import MAX_PUBLISH_BATCH
+
+    assert MAX_PUBLISH_BATCH == BATCH_EVENTS
+    with pytest.raises(PulsarcastSparkError, match="publishBatch must be in 1..1000"):
+        write_options({"endpoint": "http://127.0.0.1:1", "token": "t", "publishbatch": "1001"})

@@ -21,10 +21,15 @@ HTTP like any Spark job would. Payloads are 256 bytes. Figures:
   ``node.publish()`` to the moment ``foreachBatch`` has the event's row on the driver.
   Baseline: ``sse_latency_p50_s``, the same events through the REST API's SSE stream
   (:meth:`PulsarcastClient.live`) read in the node's process.
-* ``write_rows_per_s`` — ``df.write.format("pulsarcast")`` of ``write_rows`` rows in 2
-  partitions, default ``maxInFlight`` (8), until Spark's commit; checked against the log.
-  Baseline: ``rest_publish_per_s``, ``POST /v1/topics/{cid}/events`` with 8 in flight from
-  a separate process (``python -m pulsar.tools.bench.api client``); ``write_vs_rest_publish``.
+* ``write_rows_per_s`` — ``df.write.format("pulsarcast")`` of ``write_rows`` (3,000) rows
+  in 2 partitions with the writer's defaults (batches of 256 rows, 2 requests in flight per
+  task), from ``save()`` to Spark's commit, so Spark's job start and commit are in it;
+  checked against the log. ``write_single_rows_per_s``: the same with ``publishBatch=1``
+  and ``maxInFlight=8`` (one request per row: the writer before batches). Baseline:
+  ``rest_publish_per_s``, ``POST /v1/topics/{cid}/events`` of as many events with 8 in
+  flight from a separate process (``python -m pulsar.tools.bench.api client``);
+  ``write_vs_rest_publish``. The same again at 20,000 rows (keys ending ``_20000``): the
+  job's fixed cost weighs less there.
 
 Progress goes to stderr; the figures are returned as one dict (printed as one JSON line by
 the CLI).
@@ -233,35 +238,60 @@ def _stream(spark: Any, bg: BackgroundLoop, served: ServedNode, count: int, gap:
     }
 
 
-def _write(spark: Any, bg: BackgroundLoop, served: ServedNode, rows: int) -> dict[str, Any]:
-    topic = str(bg.run(served.node.create_topic("bench/spark-written")).cid)
+def _spark_write(spark: Any, bg: BackgroundLoop, served: ServedNode, rows: int,
+                 **options: str) -> float:
+    """``df.write.format("pulsarcast")`` of ``rows`` rows in 2 partitions, from ``save()``
+    to Spark's commit, into a new topic; rows/s. The topic's log is checked to hold them."""
+    topic = str(bg.run(served.node.create_topic(f"bench/spark-written-{time.time_ns()}")).cid)
     df = spark.range(rows, numPartitions=2).selectExpr(
         f"cast(lpad(cast(id as string), {PAYLOAD_BYTES}, 'x') as binary) as payload")
     df.cache().count()  # the input is built before the clock starts
     start = time.perf_counter()
     (df.write.format("pulsarcast").mode("append")
-     .options(endpoint=served.url, token=TOKEN, topic=topic).save())
+     .options(endpoint=served.url, token=TOKEN, topic=topic, **options).save())
     elapsed = time.perf_counter() - start
     written = bg.call(served.node.last_position, CID.parse(topic))
     if written != rows:
         raise RuntimeError(f"the topic holds {written} events, {rows} rows were written")
-    rate = rows / elapsed
-    _say(f"write: {rows:,} rows in {elapsed:.2f} s ({rate:,.0f} rows/s)")
-    baseline_topic = str(bg.run(served.node.create_topic("bench/spark-rest-publish")).cid)
+    df.unpersist()
+    return rows / elapsed
+
+
+def _rest_publish(bg: BackgroundLoop, served: ServedNode, rows: int) -> float:
+    """``POST /v1/topics/{cid}/events`` of ``rows`` events, 8 in flight, from a separate
+    process; requests/s."""
+    topic = str(bg.run(served.node.create_topic(f"bench/spark-rest-{time.time_ns()}")).cid)
     published = _api_client({"op": "publish", "url": served.url, "token": TOKEN,
-                             "topic": baseline_topic, "count": rows, "concurrency": 8})
-    rest_rate = published["count"] / published["seconds"]
-    _say(f"REST publish baseline (8 in flight): {rest_rate:,.0f} req/s")
-    return {
-        "write_rows_per_s": round(rate, 1),
-        "write_rows": rows,
-        "rest_publish_per_s": round(rest_rate, 1),
-        "write_vs_rest_publish": round(rate / rest_rate, 3),
-    }
+                             "topic": topic, "count": rows, "concurrency": 8})
+    return float(published["count"] / published["seconds"])
+
+
+def _write(spark: Any, bg: BackgroundLoop, served: ServedNode, sizes: tuple[int, ...]
+           ) -> dict[str, Any]:
+    """The writer with its defaults (batches of 256 rows, 2 requests in flight per task)
+    and with ``publishBatch=1`` (one request per row, 8 in flight: the writer before
+    batches), each against the REST baseline of as many events, at every size."""
+    figures: dict[str, Any] = {"write_sizes": list(sizes)}
+    for rows in sizes:
+        rate = _spark_write(spark, bg, served, rows)
+        single = _spark_write(spark, bg, served, rows, publishBatch="1", maxInFlight="8")
+        rest_rate = _rest_publish(bg, served, rows)
+        _say(f"write {rows:,} rows: {rate:,.0f} rows/s in batches, {single:,.0f} one request "
+             f"a row; REST publish (8 in flight) {rest_rate:,.0f} req/s")
+        suffix = "" if rows == sizes[0] else f"_{rows}"
+        figures |= {
+            f"write_rows_per_s{suffix}": round(rate, 1),
+            f"write_single_rows_per_s{suffix}": round(single, 1),
+            f"rest_publish_per_s{suffix}": round(rest_rate, 1),
+            f"write_vs_rest_publish{suffix}": round(rate / rest_rate, 3),
+            f"write_single_vs_rest_publish{suffix}": round(single / rest_rate, 3),
+        }
+    figures["write_rows"] = sizes[0]
+    return figures
 
 
 def bench_spark(events: int = 100_000, *, batch_runs: int = 2, latency_events: int = 60,
-                latency_gap_s: float = 0.2, write_rows: int = 3000,
+                latency_gap_s: float = 0.2, write_sizes: tuple[int, ...] = (3000, 20_000),
                 data_dir: Path | None = None) -> dict[str, Any]:
     """Run the benchmark; figures as described in the module docstring."""
     import logging
@@ -296,7 +326,7 @@ def bench_spark(events: int = 100_000, *, batch_runs: int = 2, latency_events: i
             figures |= _batch(spark, served, str(topic), events, batch_runs)
             figures |= _stream(spark, bg, served, latency_events, latency_gap_s,
                                Path(tmp) / "stream-checkpoint")
-            figures |= _write(spark, bg, served, write_rows)
+            figures |= _write(spark, bg, served, write_sizes)
         finally:
             if spark is not None:
                 spark.stop()

@@ -43,8 +43,20 @@ DEFAULT_EVENTS_PER_PARTITION: Final = 50_000
 ~70,000 bulk-history rows a second, so 10,000-row tasks spent more time starting than
 reading (bench spark: 32,000 rows/s with 10 tasks of 10,000, 60,000-86,000 with 2 of
 50,000). ``minPartitions`` still splits a read for a wider cluster."""
-DEFAULT_MAX_IN_FLIGHT: Final = 8
+DEFAULT_MAX_IN_FLIGHT: Final = 2
+"""Publish requests in flight per task, batches of rows: each keeps up to 64 publishes
+under way in the node, and more than 2 of them only crowded it (bench spark, 2 tasks of
+3,000-20,000 rows: 2,132 and 2,172 rows/s at 2, 1,614 and 1,800 at 4-8)."""
+DEFAULT_MAX_IN_FLIGHT_SINGLE: Final = 8
+"""The same when each request carries one row (``publishBatch=1``)."""
 DEFAULT_PUBLISH_RETRIES: Final = 2
+DEFAULT_PUBLISH_BATCH: Final = 256
+"""Rows per publish request (one NDJSON batch, docs/api.md). One request per row cost the
+node an HTTP request per event: bench spark wrote 778 rows/s with 16 single requests in
+flight where the same node publishes 2,900 events/s from its own process."""
+MAX_PUBLISH_BATCH: Final = 1000
+"""The node's limit on the events of one batch (``api.publishing.BATCH_EVENTS``), stated
+here so that an executor's imports stay clear of the API server."""
 
 _COMMON: Final = {"endpoint", "token", "requesttimeout"}
 _READ: Final = _COMMON | {
@@ -52,12 +64,13 @@ _READ: Final = _COMMON | {
     "endingtimestamp", "maxeventspertrigger", "maxeventsperpartition", "minpartitions",
     "subscribe", "historyformat", "consumer",
 }
-_WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "checkpointlocation"}
+_WRITE: Final = _COMMON | {"topic", "maxinflight", "publishretries", "publishbatch",
+                           "checkpointlocation"}
 _SPELLING: Final = {name.lower(): name for name in (
     "endpoint", "token", "requestTimeout", "topic", "topics", "startingOffsets",
     "endingOffsets", "startingTimestamp", "endingTimestamp", "maxEventsPerTrigger",
     "maxEventsPerPartition", "minPartitions", "subscribe", "historyFormat", "maxInFlight",
-    "publishRetries", "checkpointLocation", "consumer")}
+    "publishRetries", "publishBatch", "checkpointLocation", "consumer")}
 CONSUMER_NAME: Final = re.compile("[A-Za-z0-9_-]{1,64}")
 """A consumer's name as the node takes it (letters, digits, ``_`` and ``-``; the node's rule,
 stated here so that an executor's imports stay clear of the node)."""
@@ -109,7 +122,17 @@ class WriteOptions:
     topic: str | None
     """The ``topic`` option; when set it wins over a ``topic`` column, as in Kafka's sink."""
     max_in_flight: int
+    """Publish requests outstanding per task."""
     publish_retries: int
+    publish_batch: int = DEFAULT_PUBLISH_BATCH
+    """Rows per publish request: 1 publishes each row with its own JSON request."""
+
+
+def _folded(options: Mapping[str, str]) -> dict[str, str]:
+    """Option names are case-insensitive, as Spark's are: ``maxInFlight`` is
+    ``maxinflight`` (Spark hands a data source its options lower-cased; a caller of these
+    functions may not)."""
+    return {name.lower(): value for name, value in options.items()}
 
 
 def _check_known(options: Mapping[str, str], known: frozenset[str] | set[str],
@@ -197,6 +220,7 @@ def _topics(options: Mapping[str, str]) -> tuple[str, ...]:
 def read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     """Check the options of a read; ``streaming`` None checks what both kinds accept (Spark
     asks for the schema before it says which kind of read it plans)."""
+    options = _folded(options)
     _check_known(options, _READ, "read")
     endpoint = _endpoint(options)
     topics = _topics(options)
@@ -280,17 +304,21 @@ def _consumer(options: Mapping[str, str], streaming: bool | None, endpoint: Endp
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
+    options = _folded(options)
     _check_known(options, _WRITE, "write")
     endpoint = _endpoint(options)
     if endpoint.token is None:
         raise PulsarcastSparkError("MISSING_OPTION", "option 'token' is required to write: "
                                    "publishing needs the node's API token")
     topic = _get(options, "topic")
+    batch = _int(options, "publishBatch", DEFAULT_PUBLISH_BATCH, 1, MAX_PUBLISH_BATCH) or 1
     return WriteOptions(
         endpoint=endpoint,
         topic=None if topic is None else normalise_cid(topic, "topic"),
-        max_in_flight=_int(options, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, 1, 64) or 1,
+        max_in_flight=_int(options, "maxInFlight", DEFAULT_MAX_IN_FLIGHT_SINGLE
+                           if batch == 1 else DEFAULT_MAX_IN_FLIGHT, 1, 64) or 1,
         publish_retries=_int(options, "publishRetries", DEFAULT_PUBLISH_RETRIES, 0, 10) or 0,
+        publish_batch=batch,
     )
 
 

@@ -105,9 +105,30 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, UNREACHABLE_ERRORS)
 
 
+class _RowFailed(Exception):
+    """``row`` cannot be published (``cause`` says why); rows before it may have been."""
+
+    def __init__(self, row: _Row, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.row = row
+        self.cause = cause
+
+
+def _chunks(rows: list[_Row], size: int) -> list[list[_Row]]:
+    """Consecutive rows for one topic, at most ``size`` each: one publish request each."""
+    chunks: list[list[_Row]] = []
+    for row in rows:
+        if chunks and len(chunks[-1]) < size and chunks[-1][-1].topic == row.topic:
+            chunks[-1].append(row)
+        else:
+            chunks.append([row])
+    return chunks
+
+
 class _Publisher:
-    """Publishes rows with a window of requests in flight; stops taking new rows at the
-    first failure and reports it once the requests in flight have finished."""
+    """Publishes rows with a window of requests in flight, ``publish_batch`` rows a request;
+    stops taking new rows at the first failure and reports it once the requests in flight
+    have finished."""
 
     def __init__(self, client: PulsarcastClient, options: WriteOptions) -> None:
         self.client = client
@@ -127,6 +148,9 @@ class _Publisher:
                 raise ValueError(f"topic {topic} came without its event_linking")
             self.custom[topic] = linking == "CUSTOM"
 
+    async def _backoff(self, attempt: int) -> None:
+        await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+
     async def _one(self, row: _Row) -> None:
         attempt = 0
         while True:
@@ -140,22 +164,66 @@ class _Publisher:
                 return
             except Exception as exc:
                 if attempt >= self.options.publish_retries or not _retryable(exc):
-                    raise
+                    raise _RowFailed(row, exc) from None
                 attempt += 1
-                await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+                await self._backoff(attempt)
+
+    async def _batch(self, rows: list[_Row]) -> None:
+        """Publish ``rows`` (one topic) in one request. Rows the node refused for a reason
+        that may pass (a 5xx) go again, up to ``publish_retries`` times, in a smaller
+        request; a whole request that failed that way (a dropped connection) goes again
+        whole. Every row the node acknowledged is recorded before a failure is raised."""
+        attempt = 0
+        todo = rows
+        while todo:
+            items = [{"payload": r.payload, "parent": r.parent,
+                      "content_type": r.content_type, "key": r.key} for r in todo]
+            try:
+                outcomes = await self.client.publish_batch(todo[0].topic, items)
+                if len(outcomes) != len(todo):
+                    raise ValueError(f"the batch answer has {len(outcomes)} lines for "
+                                     f"{len(todo)} rows")
+            except Exception as exc:
+                if attempt >= self.options.publish_retries or not _retryable(exc):
+                    raise _RowFailed(todo[0], exc) from None
+                attempt += 1
+                await self._backoff(attempt)
+                continue
+            again: list[_Row] = []
+            refused: _RowFailed | None = None
+            for row, outcome in zip(todo, outcomes, strict=True):
+                cid = outcome.get("cid")
+                if type(cid) is str:
+                    self.published[row.index] = (row.topic, cid)
+                    continue
+                problem = outcome.get("error")
+                error: BaseException = (ApiError.from_problem(problem)
+                                        if isinstance(problem, dict) else
+                                        ValueError("a batch answer line carries no event CID"))
+                if attempt < self.options.publish_retries and _retryable(error):
+                    again.append(row)
+                elif refused is None:
+                    refused = _RowFailed(row, error)
+            if refused is not None:
+                raise refused
+            if again:
+                attempt += 1
+                await self._backoff(attempt)
+            todo = again
 
     async def run(self, rows: list[_Row]) -> None:
-        pending = iter(rows)
+        size = self.options.publish_batch
+        chunks = iter([[row] for row in rows] if size == 1 else _chunks(rows, size))
 
         async def worker() -> None:
-            for row in pending:
+            for chunk in chunks:
                 if self.failure is not None:
                     return
                 try:
-                    await self._one(row)
-                except Exception as exc:
-                    if self.failure is None or row.index < self.failure[0].index:
-                        self.failure = (row, exc)
+                    await (self._one(chunk[0]) if size == 1 else self._batch(chunk))
+                except _RowFailed as failed:
+                    if self.failure is None or failed.row.index < self.failure[0].index:
+                        self.failure = (failed.row, failed.cause)
                     return
 
         await asyncio.gather(*(worker() for _ in range(self.options.max_in_flight)))
