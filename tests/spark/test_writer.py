@@ -187,5 +187,5 @@ def test_the_writer_knows_the_nodes_limit_on_a_batch() -> None:
     from pulsar.tools.spark.options import MAX_PUBLISH_BATCH
 
     assert MAX_PUBLISH_BATCH == BATCH_EVENTS
-    with pytest.raises(PulsarcastSparkError, match="publishBatch must be in 1..1000"):
+    with pytest.raises(PulsarcastSparkError, match=r"publishBatch must be in 1\.\.1000"):
         write_options({"endpoint": "http://127.0.0.1:1", "token": "t", "publishbatch": "1001"})
