@@ -108,6 +108,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
         _print_json(bench_replay_memory(events=args.events or 1_000_000))
         return 0
+    if args.name == "catchup":
+        from pulsar.tools.bench.catchup import bench_catchup
+
+        _print_json(run_loop(bench_catchup(events=args.events or 100_000)))
+        return 0
     if args.name == "retention":
         from pulsar.tools.bench.retention import bench_retention
 
@@ -141,13 +146,14 @@ def add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "codec", "delivery", "dht", "large", "publish",
+        choices=["abuse", "api", "catchup", "codec", "delivery", "dht", "large", "publish",
                  "replay-memory", "restart", "retention", "seek", "spark", "topics", "tree",
                  "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None,
-                       help="workload size (retention: the topic's max_events, 10000)")
+                       help="workload size (retention: the topic's max_events, 10000; "
+                            "catchup: the topic's events, 100000, 10%% of them missed)")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
     bench.add_argument("--seconds", type=float, default=None,
                        help="time per measured rate (codec: 1); idle window (topics: 10); "
