@@ -109,7 +109,7 @@ async def bench_catchup(events: int = 100_000, missed: float = 0.1,
         configs: dict[int, NodeConfig] = {}
 
         def config(index: int, seeds: tuple[tuple[str, int], ...]) -> NodeConfig:
-            configs[index] = NodeConfig(data_dir=root / f"n{index}", seeds=seeds,
+            configs[index] = NodeConfig(data_dir=root / f"n{index}", bootstrap=seeds,
                                         dht=DhtConfig(rpc_timeout=1.0))
             return configs[index]
 
@@ -135,7 +135,7 @@ async def bench_catchup(events: int = 100_000, missed: float = 0.1,
             cpu = time.process_time()
             start = time.perf_counter()
             back = await Node.start(NodeConfig(data_dir=configs[2].data_dir,
-                                               seeds=(author.address,),
+                                               bootstrap=(author.address,),
                                                dht=DhtConfig(rpc_timeout=1.0)))
             nodes[2] = back
             first_s = time.perf_counter() - start + await _until(back, topic, before + 1,
