@@ -22,8 +22,10 @@ Figures, for node 2 from the moment ``Node.start`` is called:
   nodes 0 and 1 mostly answer), and the repair counters that explain the time
   (``wants_sent``, ``fetches``, ``backfilled``, ``found_locally``).
 
-Filling the topic is not measured. The figures a user would compare with a faster design
-are ``catchup_s`` and ``bytes_ratio``, at two or three sizes (``--events``).
+With ``link_ms`` (``--link-ms``) every frame a node sends waits that long first, so a
+round trip takes twice it, as between distant machines. Filling the topic is not
+measured. The figures a user would compare with a faster design are ``catchup_s`` and
+``bytes_ratio``, at two or three sizes (``--events``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 from dag import CID
 from dht import DhtConfig
 from pulsar.config import NodeConfig
+from pulsar.net.faults import FaultInjector
 from pulsar.node import Node
 
 from .delivery import _settle, _start_network, _stop_all
@@ -96,9 +99,11 @@ async def _log_in_causal_order(node: Node, topic: CID) -> tuple[list[CID], int]:
     return order, early
 
 
-async def bench_catchup(events: int = 100_000, missed: float = 0.1,
+async def bench_catchup(events: int = 100_000, missed: float = 0.1, link_ms: float = 0.0,
                         timeout: float = 1800.0) -> dict[str, Any]:
-    """Run the benchmark; figures as described in the module docstring."""
+    """Run the benchmark; figures as described in the module docstring. ``link_ms`` delays
+    every frame every node sends by that much (the transport's fault injector; DHT
+    datagrams are not delayed), so a round trip between nodes takes twice it."""
     if not 0 < missed < 1:
         raise ValueError("missed must be between 0 and 1")
     away = max(1, round(events * missed))
@@ -109,8 +114,9 @@ async def bench_catchup(events: int = 100_000, missed: float = 0.1,
         configs: dict[int, NodeConfig] = {}
 
         def config(index: int, seeds: tuple[tuple[str, int], ...]) -> NodeConfig:
+            faults = FaultInjector(seed=index, latency=link_ms / 1000) if link_ms else None
             configs[index] = NodeConfig(data_dir=root / f"n{index}", bootstrap=seeds,
-                                        dht=DhtConfig(rpc_timeout=1.0))
+                                        dht=DhtConfig(rpc_timeout=1.0), faults=faults)
             return configs[index]
 
         nodes = await _start_network(root, 3, config)
@@ -136,7 +142,8 @@ async def bench_catchup(events: int = 100_000, missed: float = 0.1,
             start = time.perf_counter()
             back = await Node.start(NodeConfig(data_dir=configs[2].data_dir,
                                                bootstrap=(author.address,),
-                                               dht=DhtConfig(rpc_timeout=1.0)))
+                                               dht=DhtConfig(rpc_timeout=1.0),
+                                               faults=configs[2].faults))
             nodes[2] = back
             first_s = time.perf_counter() - start + await _until(back, topic, before + 1,
                                                                   timeout)
@@ -155,6 +162,7 @@ async def bench_catchup(events: int = 100_000, missed: float = 0.1,
                 "benchmark": "catchup",
                 "events": events,
                 "missed_events": away,
+                "link_ms": link_ms,
                 "catchup_s": round(catchup_s, 3),
                 "first_event_s": round(first_s, 3),
                 "catchup_events_per_s": round(away / catchup_s, 1),

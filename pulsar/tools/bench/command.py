@@ -20,6 +20,14 @@ def _print_json(figures: dict[str, Any]) -> None:
     print(json.dumps(figures, sort_keys=False), flush=True)
 
 
+LARGE_LINK_MS = 100.0
+"""``bench large``'s one-way link latency unless ``--link-ms`` says otherwise."""
+
+
+def _large_link_ms(args: argparse.Namespace) -> float:
+    return LARGE_LINK_MS if args.link_ms is None else float(args.link_ms)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark ``args.name`` names; its figures go to stdout as one JSON line."""
     if args.name == "codec":
@@ -100,7 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
         from pulsar.tools.sim.large import sim_large
 
         _print_json(sim_large(nodes=args.nodes or 1000, events=args.events or 3,
-                              mbps=args.mbps, link_ms=args.link_ms, seed=args.seed,
+                              mbps=args.mbps, link_ms=_large_link_ms(args), seed=args.seed,
                               interval=args.seconds or 4.0))
         return 0
     if args.name == "replay-memory":
@@ -111,7 +119,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.name == "catchup":
         from pulsar.tools.bench.catchup import bench_catchup
 
-        _print_json(run_loop(bench_catchup(events=args.events or 100_000)))
+        _print_json(run_loop(bench_catchup(events=args.events or 100_000,
+                                           link_ms=args.link_ms or 0.0)))
         return 0
     if args.name == "retention":
         from pulsar.tools.bench.retention import bench_retention
@@ -134,7 +143,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         _print_json(run_loop(bench_large(
             nodes=args.nodes or 30, events=args.events or 5, mbps=args.mbps,
-            link_ms=args.link_ms, interval=args.seconds or 4.0, seed=args.seed,
+            link_ms=_large_link_ms(args), interval=args.seconds or 4.0, seed=args.seed,
         )))
         return 0
     print(f"unknown benchmark {args.name!r}", file=sys.stderr)
@@ -180,8 +189,8 @@ def add_bench(sub: Any) -> None:
                             "2015a5e) in the same run")
     bench.add_argument("--mbps", type=float, default=50.0,
                        help="uplink of every node, Mbit/s (large: 50)")
-    bench.add_argument("--link-ms", type=float, default=100.0,
-                       help="one-way link latency, ms (large: 100)")
+    bench.add_argument("--link-ms", type=float, default=None,
+                       help="one-way link latency, ms (large: 100; catchup: 0)")
     bench.add_argument("--sim", action="store_true",
                        help="large: run the workload in the simulator (default 1000 nodes)")
     bench.set_defaults(handler=run_bench)
