@@ -267,3 +267,29 @@ async def test_topic_retention_from_the_command_line(
     with pytest.raises(SystemExit) as usage:  # argparse: a usage error, exit status 2
         await run(api, capsys, "topic", "create", "bad", "--max-events", "0")
     assert usage.value.code == 2 and "positive" in capsys.readouterr().err
+
+
+async def test_publish_lines_sends_each_line_as_an_event_in_batches(
+        apis: list[Api], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``publish --lines``: one text event a line (empty lines skipped, CRLF trimmed), in
+    batches of 1,000, in line order; ``-q`` prints the CIDs, one a line."""
+    api = apis[0]
+    code, out, _ = await run(api, capsys, "topic", "create", "lines", "--json")
+    cid = json.loads(out)["cid"]
+    source = tmp_path / "lines.txt"
+    texts = [f"line {i}" for i in range(2100)]
+    source.write_text("\r\n".join(texts[:1000]) + "\r\n\n" + "\n".join(texts[1000:]) + "\n")
+    code, out, err = await run(api, capsys, "publish", cid, "--lines", str(source))
+    assert code == 0, err
+    assert out.strip() == "published 2100 event(s) from 2101 line(s)"  # one empty
+    assert "published 1000 event(s)" in err and "published 2000 event(s)" in err
+    log = api.node.log_entries(CID.parse(cid), limit=5000)
+    assert [bytes(e.event.payload).decode() for e in log] == texts
+
+    source.write_text("a\nb\n")
+    code, out, _ = await run(api, capsys, "publish", cid, "--lines", str(source), "-q")
+    assert code == 0 and len(out.split()) == 2 and all(c.startswith("b") for c in out.split())
+    code, _, err = await run(api, capsys, "publish", cid, "--lines", str(source), "--key", "")
+    assert code != 0 and "line 1" in err
+    code, _, err = await run(api, capsys, "publish", cid, "--lines", str(tmp_path / "none"))
+    assert code == 2 and "cannot read" in err
