@@ -189,8 +189,8 @@ class _Publisher:
                 attempt += 1
                 await self._backoff(attempt)
                 continue
-            again: list[_Row] = []
-            refused: _RowFailed | None = None
+            failed: list[tuple[_Row, BaseException]] = []
+            final = False
             for row, outcome in zip(todo, outcomes, strict=True):
                 cid = outcome.get("cid")
                 if type(cid) is str:
@@ -200,12 +200,13 @@ class _Publisher:
                 error: BaseException = (ApiError.from_problem(problem)
                                         if isinstance(problem, dict) else
                                         ValueError("a batch answer line carries no event CID"))
-                if attempt < self.options.publish_retries and _retryable(error):
-                    again.append(row)
-                elif refused is None:
-                    refused = _RowFailed(row, error)
-            if refused is not None:
-                raise refused
+                failed.append((row, error))
+                final = final or attempt >= self.options.publish_retries or not _retryable(error)
+            if final:
+                # The task stops: it reports the first row the node did not take (every row
+                # it took is recorded above).
+                raise _RowFailed(*failed[0])
+            again = [row for row, _ in failed]
             if again:
                 attempt += 1
                 await self._backoff(attempt)
