@@ -141,15 +141,20 @@ class _ScriptedClient:
     """Answers ``publish_batch`` from a script: a 503 for a row the first time it comes,
     what the node answers when a store found too few DHT nodes."""
 
-    def __init__(self, flaky: set[bytes]) -> None:
+    def __init__(self, flaky: set[bytes], refused: frozenset[bytes] = frozenset()) -> None:
         self.flaky = flaky
+        self.refused = refused
         self.requests: list[list[bytes]] = []
 
     async def publish_batch(self, topic: str, items: list[dict[str, Any]]) -> list[Any]:
         self.requests.append([item["payload"] for item in items])
         outcomes: list[Any] = []
         for item in items:
-            if item["payload"] in self.flaky:
+            if item["payload"] in self.refused:
+                outcomes.append({"error": {
+                    "type": "https://pulsarcast.dev/problems/publish-refused", "status": 403,
+                    "detail": "not an allowed publisher"}})
+            elif item["payload"] in self.flaky:
                 self.flaky.discard(item["payload"])
                 outcomes.append({"error": {
                     "type": "https://pulsarcast.dev/problems/not-persisted", "status": 503,
@@ -179,6 +184,17 @@ def test_a_row_refused_for_a_reason_that_may_pass_is_sent_again_alone() -> None:
     asyncio.run(publisher.run(rows[:3]))
     assert publisher.failure is not None and publisher.failure[0].index == 1
     assert sorted(publisher.published) == [0, 2]
+
+    # A refusal for good stops the task at once, and it names the first row not taken
+    # (here one refused for a reason that might have passed on a retry).
+    client = _ScriptedClient({b"b"}, frozenset({b"c"}))
+    options = write_options({"endpoint": "http://127.0.0.1:1", "token": "t",
+                             "publishBatch": "4"})  # two retries left for b
+    publisher = _Publisher(client, options)  # type: ignore[arg-type]
+    asyncio.run(publisher.run(rows))
+    assert publisher.failure is not None and publisher.failure[0].index == 1
+    assert sorted(publisher.published) == [0, 3]
+    assert len(client.requests) == 1
 
 
 def test_the_writer_knows_the_nodes_limit_on_a_batch() -> None:
