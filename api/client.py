@@ -193,9 +193,11 @@ class PulsarcastClient(_ClientStreams):
         lines = []
         for item in events:
             body = _payload_body(item["payload"])
-            for name in ("parent", "content_type", "key"):
+            if item.get("parent") is not None:
+                body["parent"] = str(item["parent"])  # a CID object or its string
+            for name in ("content_type", "key"):
                 if item.get(name) is not None:
-                    body[name] = str(item[name])
+                    body[name] = item[name]  # as given: the node judges it, as for one
             lines.append(body)
         return await self._call_ndjson(f"/v1/topics/{self._cid(topic)}/events", lines)
 

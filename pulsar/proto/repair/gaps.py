@@ -79,8 +79,7 @@ class GapFetching:
         delivered before its payload is complete."""
         self.table = GapTable()
         self.topics = self.table.topics
-        self.gaps = self.table.by_id
-        self._fetches = self.table.fetches
+        """The per-topic records (the table's: one name for what every method reads)."""
         self.counts: dict[str, int] = dict.fromkeys((
             "backfilled", "found_locally", "wants_sent", "want_timeouts", "fetches",
             "gaps_reported", "lost_retried", "heads_unknown", "unvouched",
@@ -90,7 +89,7 @@ class GapFetching:
 
     def fetching(self, cid: CID) -> bool:
         """Whether a ``Fetch(cid)`` of ours is outstanding (route its ``BlockFetched`` here)."""
-        return cid in self._fetches
+        return cid in self.table.fetches
 
     def missing(self, topic: CID) -> list[CID]:
         """The frontiers of ``topic``'s open gaps: what is being fetched right now."""
@@ -277,8 +276,8 @@ class GapFetching:
         tree, a lazy or grafted link), and asking at once makes its copy arrive twice."""
         while len(f.frontier) >= self.config.max_topic_gaps:
             self._drop(min(f.frontier.values(), key=lambda g: g.id), "evicted", now, out)
-        while len(self.gaps) >= self.config.max_gaps:
-            self._drop(next(iter(self.gaps.values())), "evicted", now, out)
+        while len(self.table.by_id) >= self.config.max_gaps:
+            self._drop(next(iter(self.table.by_id.values())), "evicted", now, out)
         gap = self.table.new(f, missing, now, peer, patience(self.config, self.rtt, peer))
         self._arm(gap, gap.patience, out)
         wait = reorder_wait(self.config, self.rtt, peer) if reorder else 0.0
@@ -309,7 +308,7 @@ class GapFetching:
             gap.asked = cid
             gap.asked_peer = gap.peer
             if gap.peer is None:
-                self._fetches[cid] = gap
+                self.table.fetches[cid] = gap
                 self.counts["fetches"] += 1
                 out.append(ev.Fetch(cid))
                 return
@@ -469,7 +468,7 @@ class GapFetching:
         fits. Their fetches go on; what arrives later is delivered when it connects."""
         while self.causal.held_count >= self.config.max_pending:
             victim: Gap | None = None
-            for gap in self.gaps.values():
+            for gap in self.table.by_id.values():
                 if self.topics[gap.topic].order.waiting.get(gap.frontier) and (
                     victim is None or gap.since < victim.since
                 ):
@@ -487,7 +486,7 @@ class GapFetching:
     # -- timers
 
     def on_retry_fetch(self, timer: RetryFetch, now: float) -> Out:
-        gap = self.gaps.get(timer.gap)
+        gap = self.table.by_id.get(timer.gap)
         if gap is None:
             return []
         gap.retry_armed = False
@@ -513,7 +512,7 @@ class GapFetching:
         return out
 
     def on_gap_timeout(self, timer: GapTimeout, now: float) -> Out:
-        gap = self.gaps.get(timer.gap)
+        gap = self.table.by_id.get(timer.gap)
         if gap is None or timer.seq != gap.timer_seq:
             return []  # closed, or superseded by a timer for a moved deadline
         out: Out = []
