@@ -213,7 +213,8 @@ class PulsarcastClient(_ClientStreams):
                            max_deliver: int | None = None,
                            backoff: list[float] | None = None,
                            replay_policy: str | None = None,
-                           max_ack_pending: int | None = None) -> Json:
+                           max_ack_pending: int | None = None,
+                           group: str | None = None) -> Json:
         """Make a durable consumer ``name`` of ``topic`` (which the node must follow) and
         answer its info; adding it again with the same settings is harmless, with others
         it raises :class:`ApiError` ``consumer-exists``. Settings left out take the node's
@@ -221,10 +222,12 @@ class PulsarcastClient(_ClientStreams):
         ``{"start_seq": n}``, ``{"start_time": t}``), ``ack_policy`` ``"explicit"`` (or
         ``"all"``, ``"none"``), ``ack_wait`` 30 s, ``max_deliver`` -1 (no limit),
         ``backoff`` none, ``replay_policy`` ``"instant"`` (or ``"original"``),
-        ``max_ack_pending`` 1000."""
+        ``max_ack_pending`` 1000. ``group``: consumers of the same group on the same
+        topic, on any nodes, share its events (each is handed out by one of them)."""
         settings = {"deliver_policy": deliver_policy, "ack_policy": ack_policy,
                     "ack_wait": ack_wait, "max_deliver": max_deliver, "backoff": backoff,
-                    "replay_policy": replay_policy, "max_ack_pending": max_ack_pending}
+                    "replay_policy": replay_policy, "max_ack_pending": max_ack_pending,
+                    "group": group}
         body: Json = {"name": name}
         body.update({k: (dict(v) if isinstance(v, Mapping) else v)
                      for k, v in settings.items() if v is not None})

@@ -54,7 +54,7 @@ STREAM_BATCH = 10
 """Messages a push stream takes at a time: what is handed out waits in the connection for
 the client to read it, and its ``ack_wait`` runs meanwhile."""
 _CONFIG_FIELDS = frozenset({"name", "deliver_policy", "ack_policy", "ack_wait", "max_deliver",
-                            "backoff", "replay_policy", "max_ack_pending"})
+                            "backoff", "replay_policy", "max_ack_pending", "group"})
 _FETCH_FIELDS = frozenset({"batch", "expires"})
 _ACK_FIELDS = frozenset({"ids", "kind", "delay"})
 _COMMIT_FIELDS = frozenset({"through"})
@@ -110,6 +110,13 @@ def consumer_json(info: ConsumerInfo) -> dict[str, Any]:
         "num_max_deliver_reached": info.num_max_deliver_reached,
         "num_skipped": info.num_skipped,
         "last_skipped": None if info.last_skipped is None else list(info.last_skipped),
+        "group": None if info.group is None else {
+            "name": info.group.name, "epoch": info.group.epoch, "ready": info.group.ready,
+            "num_watched": info.group.num_watched, "taken_over": info.group.taken_over,
+            "duplicates": info.group.duplicates,
+            "members": [{"peer": m.peer, "name": m.name, "incarnation": m.incarnation,
+                         "since": m.since, "me": m.me, "heard_ago": m.heard_ago}
+                        for m in info.group.members]},
     }
 
 

@@ -163,9 +163,15 @@ def _consumer_schemas() -> dict[str, Any]:
                                 "maximum": consumer.MAX_ACK_PENDING,
                                 "description": "unacknowledged messages it may hold "
                                                "(default 1000)"},
+            "group": {"type": "string", "pattern": f"^{consumer.NAME_PATTERN}$",
+                      "description": "consumers of the same group on the same topic, on "
+                                     "any nodes, share its events (ack_policy explicit "
+                                     "only)"},
         },
+        "if": {"required": ["group"]},
+        "then": {"properties": {"ack_policy": {"const": "explicit"}}},
     }
-    stored = {**config, "required": list(config["properties"])}
+    stored = {**config, "required": [p for p in config["properties"] if p != "group"]}
     counters = ["start", "delivered", "ack_floor", "num_pending", "num_ack_pending",
                 "num_redelivered", "redeliveries", "num_terminated",
                 "num_max_deliver_reached", "num_skipped"]
@@ -179,6 +185,24 @@ def _consumer_schemas() -> dict[str, Any]:
             "last_skipped": {"oneOf": [{"type": "null"}, {
                 "type": "array", "items": {"type": "integer"}, "minItems": 2,
                 "maxItems": 2}]},
+            "group": {"oneOf": [{"type": "null"}, {
+                "type": "object",
+                "required": ["name", "epoch", "ready", "num_watched", "taken_over",
+                             "duplicates", "members"],
+                "properties": {
+                    "name": {"type": "string"}, "epoch": {"type": "integer"},
+                    "ready": {"type": "boolean"}, "num_watched": {"type": "integer"},
+                    "taken_over": {"type": "integer"}, "duplicates": {"type": "integer"},
+                    "members": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["peer", "name", "incarnation", "since", "me",
+                                     "heard_ago"],
+                        "properties": {"peer": {"type": "string"},
+                                       "name": {"type": "string"},
+                                       "incarnation": {"type": "integer"},
+                                       "since": {"type": "number"},
+                                       "me": {"type": "boolean"},
+                                       "heard_ago": {"type": "number"}}}}}}]},
         },
     }
     message = {"allOf": [_ref("Event"), {

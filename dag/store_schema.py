@@ -43,6 +43,10 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     held_checkpoints (topic, cid) → last_ms       checkpoints of followed topics this node
                                                  holds for the DHT (schema 8): what a
                                                  retention cut drops with their index
+    consumer_watched (topic, name, seq) → event, created, owner
+                                                 log entries a group consumer left to
+                                                 another member, until that member's
+                                                 acknowledgement is heard (schema 9)
     log_keys      (topic, key) → created_ms, event  the newest event of each key in a
                                                  compacted topic's log (schema 8)
     log_compaction (topic) → through             the last log position compaction looked
@@ -56,7 +60,7 @@ from typing import Final
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 8
+SCHEMA_VERSION: Final = 9
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -117,6 +121,21 @@ _CONSUMER_PENDING: Final = """CREATE TABLE IF NOT EXISTS consumer_pending (
 # Redeliveries and the sweep that sets exhausted entries aside look for what is due.
 _CONSUMER_PENDING_INDEX: Final = ("CREATE INDEX IF NOT EXISTS consumer_pending_due "
                                   "ON consumer_pending (due)")
+# A group consumer's log entries another member handles (pulsar.runtime.consumer_table):
+# kept until that member's acknowledgement is heard, so that if it goes first this node
+# can take the entry over. ``owner`` is the member's key (node, name, incarnation);
+# acknowledgements name events, hence the index by event.
+_CONSUMER_WATCHED: Final = """CREATE TABLE IF NOT EXISTS consumer_watched (
+        topic   BLOB NOT NULL,
+        name    TEXT NOT NULL,
+        seq     INTEGER NOT NULL,
+        event   BLOB NOT NULL,
+        created REAL NOT NULL,
+        owner   BLOB NOT NULL,
+        PRIMARY KEY (topic, name, seq)
+    ) WITHOUT ROWID"""
+_CONSUMER_WATCHED_INDEX: Final = ("CREATE INDEX IF NOT EXISTS consumer_watched_event "
+                                  "ON consumer_watched (topic, event)")
 
 # The checkpoints an author made (dag.checkpoints): a new one links earlier ones by number
 # (its skips carry their count and last_ms), and starts after the log position the last
@@ -234,6 +253,8 @@ _SCHEMA: Final = (
     _CONSUMERS,
     _CONSUMER_PENDING,
     _CONSUMER_PENDING_INDEX,
+    _CONSUMER_WATCHED,
+    _CONSUMER_WATCHED_INDEX,
     _CHECKPOINTS,
     _HELD_CHECKPOINTS,
     _LOG_KEYS,
@@ -266,11 +287,13 @@ _MIGRATIONS: Final = {
     # the primary key, and the index was as large as the data.
     7: (_HELD_CHECKPOINTS, _LOG_KEYS, _LOG_COMPACTION, "DROP INDEX IF EXISTS log_cut_time",
         "PRAGMA user_version = 8"),
+    # 8 -> 9: consumer groups across nodes.
+    8: (_CONSUMER_WATCHED, _CONSUMER_WATCHED_INDEX, "PRAGMA user_version = 9"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",
      "topic_latest", "outbox", "block_keys", "log_cut", "consumers", "consumer_pending",
-     "checkpoints", "held_checkpoints", "log_keys", "log_compaction"}
+     "checkpoints", "held_checkpoints", "log_keys", "log_compaction", "consumer_watched"}
 )
 
 

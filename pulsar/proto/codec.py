@@ -22,6 +22,7 @@ from pulsar.proto.events import Message
 from pulsar.proto.flood.messages import Subs
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.groups.messages import GroupBeat
 from pulsar.proto.membership.messages import (
     Disconnect,
     ForwardJoin,
@@ -37,7 +38,8 @@ from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestTo
 
 from .fields import MAX_MESSAGE_SIZE, MessageError
 
-__all__ = ["MESSAGE_TYPES", "decode_message", "encode_message"]
+__all__ = ["MESSAGE_TYPES", "RUNTIME_TYPES", "Frame", "decode_frame", "decode_message",
+           "encode_message"]
 
 MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Join, Leave, Event, RequestToPublish, Ping, Pong,  # trees and events (protocol.md §3)
@@ -49,7 +51,11 @@ MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Fragment, IDontWant, FWant,  # large events (§3.4)
     Batch,  # control messages of many topics in one frame
 )
-"""Every message type, in the order of docs/protocol.md."""
+"""Every message type the protocol core takes, in the order of docs/protocol.md."""
+RUNTIME_TYPES: Final = (GroupBeat,)
+"""Message types the node's runtime takes itself, not the core: consumer groups (§7)."""
+Frame = Message | GroupBeat
+"""Whatever a frame may carry."""
 
 
 class _Kind:
@@ -58,13 +64,13 @@ class _Kind:
     __slots__ = ("fields", "optional", "parse")
 
     def __init__(self, fields: frozenset[str], optional: frozenset[str],
-                 parse: Callable[[dict[str, Any]], Message]) -> None:
+                 parse: Callable[[dict[str, Any]], Frame]) -> None:
         self.fields = fields
         self.optional = optional
         self.parse = parse
 
 
-def _kind(cls: type[Message]) -> _Kind:
+def _kind(cls: type[Frame]) -> _Kind:
     optional: frozenset[str] = getattr(cls, "OPTIONAL", frozenset())
     if cls is Batch:
         return _Kind(Batch.FIELDS | {"t"}, optional, _batch)
@@ -76,12 +82,21 @@ def _batch(wire: dict[str, Any]) -> Batch:
     return Batch(items)  # type: ignore[arg-type]  # _decode allowed BATCH_KINDS only
 
 
-def encode_message(message: Message) -> bytes:
+def encode_message(message: Frame) -> bytes:
     """The DAG-CBOR frame payload of ``message``."""
     return encode(message.to_wire())
 
 
 def decode_message(frame: bytes) -> Message:
+    """Parse a frame payload for the core; :class:`MessageError` for anything malformed,
+    and for a runtime message (:data:`RUNTIME_TYPES`)."""
+    message = decode_frame(frame)
+    if isinstance(message, GroupBeat):
+        raise MessageError("a gbeat message is not the core's")
+    return message
+
+
+def decode_frame(frame: bytes) -> Frame:
     """Parse a frame payload; :class:`MessageError` for anything malformed."""
     if len(frame) > MAX_MESSAGE_SIZE:
         raise MessageError("message too large")
@@ -94,7 +109,7 @@ def decode_message(frame: bytes) -> Message:
     return _decode(wire, None)
 
 
-def _decode(wire: dict[str, Any], allowed: frozenset[str] | None) -> Message:
+def _decode(wire: dict[str, Any], allowed: frozenset[str] | None) -> Frame:
     """One message from its decoded map (``allowed``: the message types allowed here)."""
     name = wire.get("t")
     kind = _KINDS.get(name) if isinstance(name, str) else None
@@ -111,4 +126,4 @@ def _decode(wire: dict[str, Any], allowed: frozenset[str] | None) -> Message:
         raise MessageError(f"malformed {name} message: {exc}") from None
 
 
-_KINDS: Final[dict[str, _Kind]] = {cls.T: _kind(cls) for cls in MESSAGE_TYPES}
+_KINDS: Final[dict[str, _Kind]] = {cls.T: _kind(cls) for cls in (*MESSAGE_TYPES, *RUNTIME_TYPES)}

@@ -161,9 +161,20 @@ class ConsumerConfig:
     backoff: tuple[float, ...] = ()
     replay_policy: ReplayPolicy = "instant"
     max_ack_pending: int = DEFAULT_MAX_ACK_PENDING
+    group: str | None = None
+    """Consumers of the same ``group`` on the same topic, on any nodes, share its events:
+    each is handed out by one member (:mod:`pulsar.runtime.consumer_groups`)."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if self.group is not None:
+            if not isinstance(self.group, str) or not _NAME.fullmatch(self.group):
+                raise ConsumerConfigError(f"group must be 1..{MAX_NAME} characters of A-Z, "
+                                          "a-z, 0-9, '_' and '-'")
+            if self.ack_policy != "explicit":
+                raise ConsumerConfigError(
+                    "a group consumer's ack_policy must be explicit: the other members learn "
+                    "from each acknowledgement what not to take over")
         if self.deliver_policy not in get_args(DeliverPolicy):
             raise ConsumerConfigError("deliver_policy must be all, last, new, "
                                       "{\"start_seq\": n} or {\"start_time\": t}")
@@ -211,10 +222,14 @@ class ConsumerConfig:
             policy = {"start_seq": self.start_seq}
         elif self.start_time is not None:
             policy = {"start_time": self.start_time}
-        return {"name": self.name, "deliver_policy": policy, "ack_policy": self.ack_policy,
-                "ack_wait": self.ack_wait, "max_deliver": self.max_deliver,
-                "backoff": list(self.backoff), "replay_policy": self.replay_policy,
-                "max_ack_pending": self.max_ack_pending}
+        settings = {"name": self.name, "deliver_policy": policy,
+                    "ack_policy": self.ack_policy, "ack_wait": self.ack_wait,
+                    "max_deliver": self.max_deliver, "backoff": list(self.backoff),
+                    "replay_policy": self.replay_policy,
+                    "max_ack_pending": self.max_ack_pending}
+        if self.group is not None:  # absent, not null: a consumer of no group is as before
+            settings["group"] = self.group
+        return settings
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ConsumerConfig:
@@ -264,8 +279,10 @@ class ConsumerConfig:
         if "max_ack_pending" in data:
             settings["max_ack_pending"] = _integer(data["max_ack_pending"], "max_ack_pending",
                                                    1, MAX_ACK_PENDING)
+        if data.get("group") is not None:
+            settings["group"] = data["group"]
         return cls(**settings)
 
 
 _FIELDS: Final = frozenset({"name", "deliver_policy", "ack_policy", "ack_wait", "max_deliver",
-                            "backoff", "replay_policy", "max_ack_pending"})
+                            "backoff", "replay_policy", "max_ack_pending", "group"})

@@ -1,6 +1,6 @@
-"""The durable consumers' tables in the node's SQLite file: ``consumers`` and
-``consumer_pending`` (their DDL and schema version are the file's, in
-:mod:`dag.store_schema`).
+"""The durable consumers' tables in the node's SQLite file: ``consumers``,
+``consumer_pending`` and ``consumer_watched`` (their DDL and schema version are the
+file's, in :mod:`dag.store_schema`).
 
 :class:`ConsumerTable` is the only code that reads or writes them. Every change a consumer
 makes — a fetch handing messages out, an acknowledgement, a redelivery, a message set aside
@@ -20,7 +20,7 @@ from dag.store import BlockStore
 
 from .consumer_config import ConsumerConfig
 
-__all__ = ["ConsumerRow", "ConsumerTable", "PendingStats"]
+__all__ = ["ConsumerRow", "ConsumerTable", "PendingStats", "Watched"]
 
 
 @dataclass(slots=True)
@@ -71,6 +71,18 @@ class PendingStats:
     """When the earliest pending entry is due again."""
 
 
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A group consumer's log entry that another member handles: kept until that member's
+    acknowledgement is heard, or taken over if it goes first."""
+
+    seq: int
+    event: CID
+    created: float
+    owner: bytes
+    """The member's key (:attr:`pulsar.proto.groups.view.MemberId.key`)."""
+
+
 _ROW_COLUMNS = ("config, created_at, start, delivered, paced_at, paced_from, redelivered, "
                 "terminated, set_aside, skipped, skipped_from, skipped_to")
 
@@ -99,6 +111,13 @@ class ConsumerTable:
                                 "ORDER BY name", (topic.raw,)).fetchall()
         return [_row(topic, r) for r in rows]
 
+    def grouped(self) -> list[ConsumerRow]:
+        """Every consumer, of any topic, that belongs to a group."""
+        with self._store.connection() as conn:
+            rows = conn.execute(f"SELECT topic, {_ROW_COLUMNS} FROM consumers WHERE "
+                                "json_extract(config, '$.group') IS NOT NULL").fetchall()
+        return [_row(CID.parse(bytes(r[0])), r[1:]) for r in rows]
+
     def count(self, topic: CID) -> int:
         with self._store.connection() as conn:
             return int(conn.execute("SELECT count(*) FROM consumers WHERE topic = ?",
@@ -116,15 +135,26 @@ class ConsumerTable:
         with self._store.transaction() as conn:
             conn.execute("DELETE FROM consumer_pending WHERE topic = ? AND name = ?",
                          (topic.raw, name))
+            conn.execute("DELETE FROM consumer_watched WHERE topic = ? AND name = ?",
+                         (topic.raw, name))
             return conn.execute("DELETE FROM consumers WHERE topic = ? AND name = ?",
                                 (topic.raw, name)).rowcount == 1
 
     def save(self, row: ConsumerRow, upserts: Sequence[tuple[int, int, float]] = (),
-             deletes: Iterable[int] = ()) -> None:
+             deletes: Iterable[int] = (), watch: Sequence[Watched] = (),
+             unwatch: Iterable[int] = ()) -> None:
         """Write ``row`` and its pending entries' changes in one transaction: ``upserts``
-        are ``(seq, count, due)``, ``deletes`` positions no longer pending."""
+        are ``(seq, count, due)``, ``deletes`` positions no longer pending; ``watch``
+        entries left to (or moved between) other members, ``unwatch`` positions no longer
+        watched."""
         t = row.topic.raw
         with self._store.transaction() as conn:
+            conn.executemany("DELETE FROM consumer_watched WHERE topic = ? AND name = ? AND "
+                             "seq = ?", [(t, row.name, seq) for seq in unwatch])
+            conn.executemany(
+                "INSERT OR REPLACE INTO consumer_watched (topic, name, seq, event, created, "
+                "owner) VALUES (?, ?, ?, ?, ?, ?)",
+                [(t, row.name, w.seq, w.event.raw, w.created, w.owner) for w in watch])
             conn.execute(
                 "UPDATE consumers SET config = ?, created_at = ?, start = ?, delivered = ?, "
                 "paced_at = ?, paced_from = ?, redelivered = ?, terminated = ?, set_aside = ?, "
@@ -184,6 +214,49 @@ class ConsumerTable:
                 "WHERE topic = ? AND name = ?", (topic.raw, name)).fetchone()
         return PendingStats(int(count), int(again), None if lowest is None else int(lowest),
                             None if due is None else float(due))
+
+    # -- watched entries (group consumers) -----------------------------------------------
+
+    def watched(self, topic: CID, name: str) -> list[Watched]:
+        """Every entry the consumer left to another member, lowest position first."""
+        with self._store.connection() as conn:
+            rows = conn.execute("SELECT seq, event, created, owner FROM consumer_watched "
+                                "WHERE topic = ? AND name = ? ORDER BY seq",
+                                (topic.raw, name)).fetchall()
+        return [Watched(int(s), CID.parse(bytes(e)), float(c), bytes(o))
+                for s, e, c, o in rows]
+
+    def watched_count(self, topic: CID, name: str) -> int:
+        with self._store.connection() as conn:
+            return int(conn.execute("SELECT count(*) FROM consumer_watched WHERE topic = ? "
+                                    "AND name = ?", (topic.raw, name)).fetchone()[0])
+
+    def unwatch_events(self, topic: CID, name: str, events: Sequence[CID]) -> int:
+        """Forget the watched entries of ``events`` (their owner acknowledged them); how
+        many there were. One transaction."""
+        removed = 0
+        with self._store.transaction() as conn:
+            for i in range(0, len(events), 500):
+                part = [e.raw for e in events[i:i + 500]]
+                marks = ", ".join("?" * len(part))
+                removed += conn.execute(
+                    f"DELETE FROM consumer_watched WHERE topic = ? AND name = ? AND event IN "
+                    f"({marks})", (topic.raw, name, *part)).rowcount
+        return removed
+
+    def pending_events(self, topic: CID, name: str, events: Sequence[CID]) -> dict[CID, int]:
+        """``event -> seq`` of those of ``events`` the consumer has pending."""
+        found: dict[CID, int] = {}
+        with self._store.connection() as conn:
+            for i in range(0, len(events), 500):
+                part = [e.raw for e in events[i:i + 500]]
+                marks = ", ".join("?" * len(part))
+                for seq, raw in conn.execute(
+                        "SELECT p.seq, l.event FROM consumer_pending AS p JOIN delivery_log "
+                        "AS l ON l.topic = p.topic AND l.seq = p.seq WHERE p.topic = ? AND "
+                        f"p.name = ? AND l.event IN ({marks})", (topic.raw, name, *part)):
+                    found[CID.parse(bytes(raw))] = int(seq)
+        return found
 
     # -- the delivery log, as a consumer reads it -----------------------------------------
 

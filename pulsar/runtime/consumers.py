@@ -57,6 +57,7 @@ from typing import Any, Final, Protocol
 from dag import CID, BlockStore, EventDescriptor, InvalidDescriptor, TopicDescriptor
 
 from .advisories import Advisories
+from .consumer_answers import AckResult, ConsumerInfo, ConsumerMessage
 from .consumer_config import (
     ACK_KINDS,
     MAX_ACK_IDS,
@@ -74,7 +75,9 @@ from .consumer_config import (
     NotFollowed,
     check_name,
 )
-from .consumer_table import ConsumerRow, ConsumerTable
+from .consumer_groups import ConsumerGroups
+from .consumer_share import GroupShare
+from .consumer_table import ConsumerRow, ConsumerTable, Watched
 from .delivery_log import DeliveryLog
 from .node_state import NodeState
 
@@ -93,75 +96,17 @@ COUNTERS: Final = ("consumer_delivered", "consumer_redelivered", "consumer_termi
 ``pulsarcast_`` and ``_total``)."""
 _NEVER: Final = 2**62
 """A log position no log reaches: waiting for it wakes on any growth and on the stop."""
-
 Lineage = Callable[[CID], Awaitable[tuple[TopicDescriptor, tuple[TopicDescriptor, ...]]]]
 
 
 class Runtime(Protocol):
-    """What the consumers need of the node's driver: its counters and its task set."""
+    """What the consumers need of the node's driver: its counters, its task set, and the
+    consumer groups its node's beats carry."""
 
     counters: dict[str, int]
+    groups: ConsumerGroups
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerMessage:
-    """One event handed out by a consumer: the event at log position ``seq``, delivered
-    for the ``count``-th time. ``id`` (the position) is what an acknowledgement names; it
-    stays the same when the event is delivered again."""
-
-    seq: int
-    event: EventDescriptor
-    delivered_at: float
-    """When this node logged the event (not when the consumer handed it out)."""
-    count: int
-
-    @property
-    def id(self) -> int:
-        return self.seq
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerInfo:
-    """A consumer's settings and where it is (``GET .../consumers/{name}``)."""
-
-    topic: CID
-    config: ConsumerConfig
-    created_at: float
-    start: int
-    """The log position its deliver policy resolved to (it delivers what follows)."""
-    delivered: int
-    """The last log position it handed out for the first time."""
-    ack_floor: int
-    """Every position up to this one is acknowledged (or terminated, set aside, skipped)."""
-    num_pending: int
-    """Log entries after ``delivered``: not handed out yet."""
-    num_ack_pending: int
-    """Handed out and not acknowledged."""
-    num_redelivered: int
-    """Of those, delivered more than once."""
-    num_terminated: int
-    num_max_deliver_reached: int
-    num_skipped: int
-    last_skipped: tuple[int, int] | None
-    redeliveries: int
-    """Redeliveries since it was made."""
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-
-@dataclass(frozen=True, slots=True)
-class AckResult:
-    """What an acknowledgement did: ``done`` are the ids it applied to; ``unknown`` those
-    not pending (never delivered, already acknowledged or terminated, set aside, or any id
-    of a consumer with ``ack_policy=none``)."""
-
-    kind: AckKind
-    done: tuple[int, ...]
-    unknown: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +148,12 @@ class Consumers:
         :mod:`pulsar.runtime.advisories`)."""
         if runtime is not None:
             runtime.spawn(self._sweep_forever())
+        self._share: GroupShare | None = None
+        """The group side, when the node has consumer groups."""
+        if runtime is not None:
+            self._share = GroupShare(self._table, runtime.groups, self.counters, self._poke,
+                                     _event)
+            self._share.rejoin()
 
     # ------------------------------------------------------------------ the embedded API
 
@@ -231,6 +182,8 @@ class Consumers:
         root = await self._root(topic)
         if not self._table.delete(root, check_name(name)):
             raise ConsumerNotFound(f"no consumer {name!r} of topic {root}")
+        if self._share is not None:
+            self._share.left(root, name)
         self._poke(root, name)
 
     async def fetch(self, topic: CID, name: str, batch: int = 1, expires: float = 0.0
@@ -313,6 +266,8 @@ class Consumers:
                 start = self._state.log_seq_at_time(topic, config.start_time)
         row = ConsumerRow(topic, config, now, start, start)
         self._table.insert(row)
+        if self._share is not None:
+            self._share.joined(row)
         return self.describe(topic, config.name, now), True
 
     def describe(self, topic: CID, name: str, now: float) -> ConsumerInfo:
@@ -332,7 +287,8 @@ class Consumers:
             num_pending=max(0, last - max(row.delivered, kept)),
             num_ack_pending=stats.count, num_redelivered=stats.redelivered,
             num_terminated=row.terminated, num_max_deliver_reached=row.set_aside,
-            num_skipped=row.skipped, last_skipped=skipped, redeliveries=row.redelivered)
+            num_skipped=row.skipped, last_skipped=skipped, redeliveries=row.redelivered,
+            group=None if self._share is None else self._share.info(row))
 
     def take(self, topic: CID, name: str, batch: int, now: float) -> Taken:
         """Hand out up to ``batch`` messages at ``now`` without waiting: due redeliveries
@@ -379,6 +335,8 @@ class Consumers:
             row.terminated += len(done)
         if done:
             self._table.save(row, upserts, deletes)
+            if kind in ("ack", "term"):
+                self._settled(row, deletes)
             if kind == "term":
                 self.counters["consumer_terminated"] += len(done)
                 self.advisories.emit("consumer.terminated", topic=str(topic),
@@ -427,6 +385,12 @@ class Consumers:
         """What a fetch of ``batch`` does at ``now`` (``batch`` 0: only the bookkeeping
         that is due), written in one transaction before it returns."""
         topic, config = row.topic, row.config
+        share = self._share
+        member = None if share is None else share.member(row)
+        joining_until = None if member is None or share is None else \
+            share.joining_until(member, now)
+        if joining_until is not None:
+            batch = 0  # joining: the others may not know it yet, so it hands nothing out
         before = dataclasses.replace(row)
         self._log.last_position(topic)  # write pending log entries: read them as committed
         kept = self._state.log_retained_from(topic) - 1
@@ -465,10 +429,12 @@ class Consumers:
         room = batch - len(messages)
         if tracked:
             room = min(room, config.max_ack_pending - ack_pending)
-        wake_at: float | None = None
+        wake_at: float | None = joining_until
         waits_for_log = False
-        if room > 0:
-            entries = self._state.log_blocks(topic, row.delivered, room)
+        watch: builtins.list[Watched] = []
+        while room > 0 and wake_at is None:
+            asked = room
+            entries = self._state.log_blocks(topic, row.delivered, asked)
             for seq, cid, delivered_at, block in entries:
                 if config.replay_policy == "original" and row.paced_at is not None \
                         and row.paced_from is not None:
@@ -481,15 +447,27 @@ class Consumers:
                 if event is None:  # its block is gone: nothing to hand out
                     self._skip(row, seq, seq)
                     continue
+                if member is not None:
+                    elsewhere = GroupShare.elsewhere(member, seq, event)
+                    if elsewhere is not None:  # another member's: watched until it settles
+                        watch.append(elsewhere)
+                        continue
                 messages.append(ConsumerMessage(seq, event, delivered_at, 1))
+                room -= 1
                 if tracked:
                     upserts.append((seq, 1, now + config.wait_after(1)))
                 if config.replay_policy == "original":
                     row.paced_at, row.paced_from = now, delivered_at
             else:
-                waits_for_log = len(entries) < room
-        if row != before or upserts or deletes:
-            self._table.save(row, upserts, deletes)
+                if len(entries) < asked:  # read to the end of the log
+                    waits_for_log = True
+                    break
+                continue  # a group member left some to others: read on
+            break  # paced
+        if row != before or upserts or deletes or watch:
+            self._table.save(row, upserts, deletes, watch)
+        if set_aside:
+            self._settled(row, [seq for seq, _ in set_aside])
         self.counters["consumer_delivered"] += len(messages)
         self.counters["consumer_redelivered"] += redelivered
         skipped = row.skipped - before.skipped
@@ -511,6 +489,10 @@ class Consumers:
         if not messages and tracked and wake_at is None:
             wake_at = self._table.stats(topic, row.name).next_due
         return Taken(tuple(messages), row.delivered, wake_at, waits_for_log)
+
+    def _settled(self, row: ConsumerRow, seqs: builtins.list[int]) -> None:
+        if self._share is not None:
+            self._share.settled(row, seqs)
 
     @staticmethod
     def _skip(row: ConsumerRow, first: int, last: int) -> None:

@@ -36,10 +36,10 @@ from dag import (
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 from dht.keys import dht_key
-from pulsar.proto.codec import decode_message, encode_message
-from pulsar.proto.events import Message
+from pulsar.proto.codec import Frame, decode_frame, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.flood.core import FloodCore
+from pulsar.proto.groups.messages import GroupBeat
 
 from ..net.errors import PeerUnreachable
 from ..net.transport import Transport
@@ -50,6 +50,7 @@ from ..proto.timers import Timer
 from .checkpoint_cut import HeldCheckpoints
 from .checkpoints import CheckpointMaker
 from .compaction import LogCompaction
+from .consumer_groups import ConsumerGroups
 from .errors import NotPersisted, NotRecorded, PublishError
 from .loop import LagMeter
 from .node_config import NodeConfig
@@ -151,6 +152,9 @@ class Driver:
         """Inputs the core refused and frames that did not decode."""
         self.counters: dict[str, int] = {}
         """Counters of the runtime's other rooms (the durable consumers), in :meth:`metrics`."""
+        self.groups = ConsumerGroups(identity, self._send, self._topic_links,
+                                     counters=self.counters)
+        """The consumer groups this node's consumers belong to (their beats)."""
         self.ignored_frames = 0
         """Frames from banned peers, dropped unread."""
         self.stopped = False
@@ -183,6 +187,7 @@ class Driver:
         how late its event loop runs."""
         self.spawn(sweep_forever(self.retention, self._state.subscriptions, clock))
         self.spawn(self.lag.run())
+        self.spawn(self.groups.run(lambda: self.stopped))
         if self._config.protocol == "pulsarcast":
             self.checkpoints.announce()
             self.spawn(self.checkpoints.run_forever(clock))
@@ -248,6 +253,7 @@ class Driver:
         timers, the application's iterators, waiting commands (failed), log readers,
         tasks. The caller closes the transport, the DHT and the store after."""
         self.handle(ev.Flush())
+        self.groups.stop()  # the others take this node's group shares over at once
         if self._record_writes:
             await asyncio.wait(self._record_writes, timeout=STOP_FLUSH_TIMEOUT)
         self.halt()
@@ -293,10 +299,13 @@ class Driver:
             self.ignored_frames += 1
             return
         try:
-            message = decode_message(frame)
+            message = decode_frame(frame)
         except MessageError as exc:
             self.rejections += 1
             self._fault(peer, "malformed", str(exc))
+            return
+        if isinstance(message, GroupBeat):
+            self.groups.on_beat(peer, message)
             return
         if self._trace is not None:
             self._trace.received(peer, message, len(frame))
@@ -425,11 +434,23 @@ class Driver:
 
     # ------------------------------------------------------------------ sends
 
-    def _send(self, peer: PeerId, message: Message) -> None:
+    def _topic_links(self, topic: CID) -> set[PeerId]:
+        """The peers ``topic``'s events travel to and from here: its tree's edges and its
+        lazy and grafted links (where a consumer group's announces go)."""
+        links: set[PeerId] = set()
+        tree = self.core.tree(topic)
+        if tree is not None:
+            links.update(tree.parents, tree.children)
+        lazy, grafted = self.core.repair_links(topic)
+        links.update(lazy, grafted)
+        links.discard(self._me)
+        return links
+
+    def _send(self, peer: PeerId, message: Frame) -> None:
         if self.stopped:
             return
         frame = encode_message(message)
-        if self._trace is not None:
+        if self._trace is not None and not isinstance(message, GroupBeat):
             self._trace.sent(peer, message, len(frame))
         address = self._transport.address_of(peer)
         if address is not None and self._transport.send_nowait(peer, address, frame):

@@ -525,6 +525,17 @@ def _consumer_text(info: dict[str, Any]) -> str:
                        "max_deliver)"),
         ("skipped", skipped),
     ]
+    group = info.get("group")
+    if group:
+        live = ", ".join(f"{m['name']}@{m['peer'][-8:]}" + (" (me)" if m["me"] else "")
+                         for m in group["members"])
+        state = "" if group["ready"] else ", joining"
+        rows += [
+            ("group", f"{group['name']}, {len(group['members'])} member(s) in view "
+                      f"{group['epoch']}{state}: {live}"),
+            ("watched", f"{group['num_watched']} left to other members; taken over "
+                        f"{group['taken_over']}, duplicates {group['duplicates']}"),
+        ]
     return "\n".join(f"{k + ':':<14}{v}" for k, v in rows)
 
 
@@ -540,7 +551,7 @@ async def _consumer_add(client: Any, args: argparse.Namespace) -> int:
     info = await client.add_consumer(
         args.cid, args.name, deliver_policy=policy, ack_policy=args.ack,
         ack_wait=args.ack_wait, max_deliver=args.max_deliver, backoff=args.backoff,
-        replay_policy=args.replay, max_ack_pending=args.max_ack_pending)
+        replay_policy=args.replay, max_ack_pending=args.max_ack_pending, group=args.group)
     _emit(args, info, _consumer_text(info))
     return 0
 
@@ -633,6 +644,9 @@ def _add_consumer_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                      help="hand out the backlog at once (default) or at its logged pace")
     add.add_argument("--max-ack-pending", type=int, default=None, metavar="N",
                      help="unacknowledged messages it may hold (default 1000)")
+    add.add_argument("--group", default=None, metavar="NAME",
+                     help="share the topic's events with the consumers of this group on "
+                     "any node (each event is handed out by one member)")
     add.set_defaults(handler=_api_command(_consumer_add))
     named("info", "a consumer's settings, position and counters").set_defaults(
         handler=_api_command(_consumer_info))

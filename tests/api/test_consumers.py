@@ -81,7 +81,7 @@ async def test_rest_pull_acks_and_errors(apis: list[Api]) -> None:
                 {"name": "x", "backoff": [1, -1]}, {"name": "x", "ack_policy": "maybe"}):
         status, problem = await reader.call("POST", path, json=bad)
         assert status == 422 and problem["type"] == BASE + "invalid-consumer", bad
-    status, problem = await reader.call("POST", path, json={"name": "x", "group": "g"})
+    status, problem = await reader.call("POST", path, json={"name": "x", "colour": "g"})
     assert status == 400 and problem["type"] == BASE + "invalid-field"
     status, problem = await other.call("POST", path, json={"name": "x"})
     assert status == 404 and problem["type"] == BASE + "not-subscribed"
@@ -453,3 +453,48 @@ async def test_a_sigkilled_node_redelivers_what_was_not_acknowledged(tmp_path: P
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             assert await process.wait() == 0
+
+
+async def test_a_group_over_rest_and_the_client_splits_a_topic_between_two_nodes(
+        apis: list[Api]) -> None:
+    """Two nodes' consumers of one group, made over REST and with the client: each event
+    is fetched by exactly one of them, and each info shows the group."""
+    author, reader, other = apis
+    cid = await _topic_followed_by(author, reader, "jobs")
+    status, _ = await other.call("PUT", f"/v1/subscriptions/{cid}")
+    assert status == 201
+    path = f"/v1/topics/{cid}/consumers"
+    status, problem = await reader.call("POST", path, json={"name": "w", "group": "g",
+                                                            "ack_policy": "all"})
+    assert status == 422 and problem["type"] == BASE + "invalid-consumer"
+    status, info = await reader.call("POST", path, json={"name": "w1", "group": "g"})
+    assert status == 201 and info["config"]["group"] == "g", info
+    async with PulsarcastClient(other.url, other.server.token) as client:
+        made = await client.add_consumer(cid, "w2", group="g")
+        assert made["group"]["name"] == "g"
+
+        async def both_see_two() -> bool:
+            infos = [(await reader.call("GET", f"{path}/w1"))[1],
+                     await client.consumer_info(cid, "w2")]
+            return all(i["group"]["ready"] and len(i["group"]["members"]) == 2
+                       for i in infos)
+
+        await eventually(both_see_two, timeout=20, what="a group of two on both nodes")
+        published = set(await _publish(author, cid, *range(40)))
+        fetched: dict[str, list[str]] = {"w1": [], "w2": []}
+
+        async def drained() -> bool:
+            _, got = await reader.call("POST", f"{path}/w1/fetch", json={"batch": 40})
+            fetched["w1"] += [m["cid"] for m in got["messages"]]  # type: ignore[index]
+            ids = [m["delivery"]["id"] for m in got["messages"]]  # type: ignore[index]
+            if ids:
+                await reader.call("POST", f"{path}/w1/ack", json={"ids": ids})
+            for message in await client.fetch(cid, "w2", batch=40):
+                fetched["w2"].append(message.event["cid"])
+                assert await message.ack()
+            return len(fetched["w1"]) + len(fetched["w2"]) >= len(published)
+
+        await eventually(drained, timeout=30, what="every event fetched by the group")
+        assert set(fetched["w1"]) | set(fetched["w2"]) == published
+        assert not set(fetched["w1"]) & set(fetched["w2"])  # each by one member only
+        assert fetched["w1"] and fetched["w2"]

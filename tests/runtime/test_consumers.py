@@ -114,6 +114,8 @@ def test_config_round_trips_and_refuses_bad_values() -> None:
     assert ConsumerConfig.from_json({"name": "a", "deliver_policy": {"start_time": 5}}
                                     ).start_time == 5.0
     assert ConsumerConfig.from_json({"name": "a", "max_deliver": 2.0}).max_deliver == 2
+    grouped = ConsumerConfig.from_json({"name": "a", "group": "billing"})
+    assert grouped.group == "billing" and ConsumerConfig.from_json(grouped.to_json()) == grouped
     for bad in [{"name": ""}, {"name": "a" * 65}, {"name": "a b"}, {"name": "é"},
                 {"name": "a", "ack_wait": 0}, {"name": "a", "ack_wait": "30"},
                 {"name": "a", "ack_wait": 86_401}, {"name": "a", "max_deliver": 0},
@@ -122,7 +124,10 @@ def test_config_round_trips_and_refuses_bad_values() -> None:
                 {"name": "a", "replay_policy": "fast"}, {"name": "a", "deliver_policy": "x"},
                 {"name": "a", "deliver_policy": {"start_seq": 0}},
                 {"name": "a", "deliver_policy": {"start_time": "noon"}},
-                {"name": "a", "max_ack_pending": 10_001}, {"name": "a", "group": "g"},
+                {"name": "a", "max_ack_pending": 10_001}, {"name": "a", "colour": "g"},
+                {"name": "a", "group": "a b"}, {"name": "a", "group": 7},
+                {"name": "a", "group": "g", "ack_policy": "all"},
+                {"name": "a", "group": "g", "ack_policy": "none"},
                 {"name": "a", "max_deliver": True}]:
         with pytest.raises(ConsumerConfigError):
             ConsumerConfig.from_json(bad)
@@ -438,7 +443,7 @@ async def test_a_schema_5_database_gains_the_consumer_tables(env: Env) -> None:
         conn.commit()
     env.open()
     with contextlib.closing(sqlite3.connect(env.path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (8,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
     with pytest.raises(ConsumerNotFound):
         env.info()
     assert env.add().delivered == 0

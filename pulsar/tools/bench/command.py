@@ -122,6 +122,11 @@ def run_bench(args: argparse.Namespace) -> int:
         _print_json(run_loop(bench_catchup(events=args.events or 100_000,
                                            link_ms=args.link_ms or 0.0)))
         return 0
+    if args.name == "consumers":
+        from pulsar.tools.bench.consumers import bench_consumers
+
+        _print_json(run_loop(bench_consumers(events=args.events or 3000)))
+        return 0
     if args.name == "retention":
         from pulsar.tools.bench.retention import bench_retention
 
@@ -155,14 +160,15 @@ def add_bench(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print one JSON line of figures")
     bench.add_argument(
         "name",
-        choices=["abuse", "api", "catchup", "codec", "delivery", "dht", "large", "publish",
-                 "replay-memory", "restart", "retention", "seek", "spark", "topics", "tree",
-                 "transport"],
+        choices=["abuse", "api", "catchup", "codec", "consumers", "delivery", "dht", "large",
+                 "publish", "replay-memory", "restart", "retention", "seek", "spark", "topics",
+                 "tree", "transport"],
         help="which benchmark",
     )
     bench.add_argument("--events", type=int, default=None,
                        help="workload size (retention: the topic's max_events, 10000; "
-                            "catchup: the topic's events, 100000, 10%% of them missed)")
+                            "catchup: the topic's events, 100000, 10%% of them missed; "
+                            "consumers: the backlog, 3000)")
     bench.add_argument("--nodes", type=int, default=None, help="network size")
     bench.add_argument("--seconds", type=float, default=None,
                        help="time per measured rate (codec: 1); idle window (topics: 10); "

@@ -1,0 +1,1 @@
+"""Consumer groups across nodes: the GROUP beat and the membership view it builds."""
