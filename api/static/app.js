@@ -367,7 +367,19 @@
       counterCell("num_redelivered", c.num_redelivered, null),
       counterCell("terminated", `${c.num_terminated} · ${c.num_max_deliver_reached}`, setAside),
       counterCell("num_skipped", c.num_skipped, skipped),
+      groupCell(c.group),
       el("td", {}, deleteButton(cid, c.name)));
+  }
+
+  // A group member: its group, the members it sees, and what it watches and took over.
+  function groupCell(group) {
+    if (!group) return el("td", { "data-field": "group" }, "—");
+    const names = group.members.map((m) => m.me ? `${m.name} (here)` : m.name).join(", ");
+    const state = group.ready ? "" : " · joining";
+    const title = `view ${group.epoch}: ${names}; ${group.num_watched} watched for other `
+      + `members, ${group.taken_over} taken over, ${group.duplicates} also handled elsewhere`;
+    return el("td", { "data-field": "group", title },
+      `${group.name} · ${group.members.length} members${state}`);
   }
 
   function showConsumers(cid, consumers) {
@@ -425,6 +437,8 @@
     if (wait !== "") body.ack_wait = Number(wait);
     const max = $("consumer-max-deliver").value.trim();
     if (max !== "") body.max_deliver = Number(max);
+    const group = $("consumer-group").value.trim();
+    if (group !== "") body.group = group;
     try {
       const [status] = await request("POST", `/v1/topics/${topicPath(cid)}/consumers`, body);
       showResult("consumer-result", true, status === 201 ? `added consumer ${name}`

@@ -53,7 +53,8 @@ MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
 )
 """Every message type the protocol core takes, in the order of docs/protocol.md."""
 RUNTIME_TYPES: Final = (GroupBeat,)
-"""Message types the node's runtime takes itself, not the core: consumer groups (§7)."""
+"""Message types the node's runtime takes itself, not the core: consumer groups
+(docs/protocol.md §11)."""
 Frame = Message | GroupBeat
 """Whatever a frame may carry."""
 

@@ -276,6 +276,8 @@ class ConsumerGroups:
         self._beat(local, announce=True)
 
     def _say_leaving(self, local: LocalMember) -> None:
+        while local.acked:  # what it settled first, or the others would take it over
+            self._beat(local, announce=False)
         beat = self._make(local, leaving=True, acked=(), hops=ANNOUNCE_HOPS)
         for peer in self._targets(local, announce=True):
             self._send(peer, beat)

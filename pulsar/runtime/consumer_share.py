@@ -37,6 +37,11 @@ log = logging.getLogger("pulsar.node")
 _SETTLED_MEMORY: Final = 20_000
 """Events a member settled that it remembers, to count another member settling one of
 them too (a duplicate)."""
+_DONE_MEMORY: Final = 100_000
+"""Events other members settled that a member had not reached in its log yet (its cursor
+is behind theirs, or the event has not arrived): when it gets there it skips them. Kept in
+memory, the newest this many per consumer: after a restart such an event is watched
+instead, and taken over (a duplicate, counted) only if its handler then leaves."""
 _GONE_OWNER: Final = b""
 """The owner of entries a member had pending when its node stopped: that incarnation is
 over, so whoever the view names now takes them."""
@@ -89,6 +94,7 @@ class GroupShare:
         self._poke = poke
         self._event_at = event_at
         self._settled: dict[tuple[CID, str], OrderedDict[CID, None]] = {}
+        self._done: dict[tuple[CID, str], OrderedDict[CID, None]] = {}
         groups.host = self
 
     # ------------------------------------------------------------------ the consumer asks
@@ -109,12 +115,17 @@ class GroupShare:
             return None
         return now + max(0.05, member.ready_at - self.groups.monotonic())
 
-    @staticmethod
-    def elsewhere(member: LocalMember, seq: int, event: EventDescriptor) -> Watched | None:
-        """The entry to watch if another member handles ``event`` (None: it is ours)."""
+    def elsewhere(self, member: LocalMember, seq: int, event: EventDescriptor
+                  ) -> Watched | bool:
+        """What to do with a log entry: hand it out (False), skip it (True: another
+        member settled it already), or watch it (the entry: another member handles it)."""
+        done = self._done.get((member.topic, member.name))
+        if done is not None and event.cid in done:
+            del done[event.cid]
+            return True
         created = event.created_at
         owner = member.view.owner(event.cid, created)
-        return None if owner == member.me else Watched(seq, event.cid, created, owner.key)
+        return False if owner == member.me else Watched(seq, event.cid, created, owner.key)
 
     def joined(self, row: ConsumerRow) -> None:
         """A group consumer was made: it joins its group."""
@@ -125,6 +136,7 @@ class GroupShare:
         """A consumer was deleted: the others take its share over at once."""
         self.groups.leave(topic, name)
         self._settled.pop((topic, name), None)
+        self._done.pop((topic, name), None)
 
     def settled(self, row: ConsumerRow, seqs: list[int]) -> None:
         """A group consumer settled the entries at ``seqs``: the others hear it."""
@@ -168,7 +180,13 @@ class GroupShare:
         twice = len(pending) + sum(1 for e in events if e in settled and e not in pending)
         if pending:
             self._table.save(row, deletes=list(pending.values()))
-        self._table.unwatch_events(topic, name, list(events))
+        unwatched = self._table.unwatch_events(topic, name, list(events))
+        done = self._done.setdefault((topic, name), OrderedDict())
+        for event in events:  # not reached yet: skipped when it is
+            if event not in unwatched and event not in pending and event not in settled:
+                done[event] = None
+        while len(done) > _DONE_MEMORY:
+            done.popitem(last=False)
         if twice:
             local.duplicates += twice
             self._counters["group_duplicates"] = \

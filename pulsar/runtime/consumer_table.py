@@ -231,17 +231,20 @@ class ConsumerTable:
             return int(conn.execute("SELECT count(*) FROM consumer_watched WHERE topic = ? "
                                     "AND name = ?", (topic.raw, name)).fetchone()[0])
 
-    def unwatch_events(self, topic: CID, name: str, events: Sequence[CID]) -> int:
-        """Forget the watched entries of ``events`` (their owner acknowledged them); how
-        many there were. One transaction."""
-        removed = 0
+    def unwatch_events(self, topic: CID, name: str, events: Sequence[CID]) -> set[CID]:
+        """Forget the watched entries of ``events`` (their owner acknowledged them); the
+        events there were entries of. One transaction."""
+        removed: set[CID] = set()
         with self._store.transaction() as conn:
             for i in range(0, len(events), 500):
                 part = [e.raw for e in events[i:i + 500]]
                 marks = ", ".join("?" * len(part))
-                removed += conn.execute(
-                    f"DELETE FROM consumer_watched WHERE topic = ? AND name = ? AND event IN "
-                    f"({marks})", (topic.raw, name, *part)).rowcount
+                where = f"topic = ? AND name = ? AND event IN ({marks})"
+                removed.update(CID.parse(bytes(raw)) for (raw,) in conn.execute(
+                    f"SELECT event FROM consumer_watched WHERE {where}",
+                    (topic.raw, name, *part)))
+                conn.execute(f"DELETE FROM consumer_watched WHERE {where}",
+                             (topic.raw, name, *part))
         return removed
 
     def pending_events(self, topic: CID, name: str, events: Sequence[CID]) -> dict[CID, int]:

@@ -447,10 +447,12 @@ class Consumers:
                 if event is None:  # its block is gone: nothing to hand out
                     self._skip(row, seq, seq)
                     continue
-                if member is not None:
-                    elsewhere = GroupShare.elsewhere(member, seq, event)
-                    if elsewhere is not None:  # another member's: watched until it settles
+                if member is not None and share is not None:
+                    elsewhere = share.elsewhere(member, seq, event)
+                    if isinstance(elsewhere, Watched):  # another's: watched until settled
                         watch.append(elsewhere)
+                        continue
+                    if elsewhere:  # another member settled it before we got here
                         continue
                 messages.append(ConsumerMessage(seq, event, delivered_at, 1))
                 room -= 1

@@ -138,7 +138,8 @@ async def _consumers(client: Any, api_error: type[Exception], max_pending: int
     lines = [Finding("warn" if troubled else "ok", "consumers", summary)]
     for topic, infos in per_topic[:TOPIC_LINES]:
         listed = ", ".join(f"{i['name']} ({i['num_pending']:,} pending, "
-                           f"{i['num_ack_pending']:,} unacknowledged)" for i in infos)
+                           f"{i['num_ack_pending']:,} unacknowledged{_group_note(i)})"
+                           for i in infos)
         lines.append(Finding("ok", "consumers", f"{topic}: {listed}"))
     if len(per_topic) > TOPIC_LINES:
         lines.append(Finding("ok", "consumers", f"... and {len(per_topic) - TOPIC_LINES} "
@@ -177,7 +178,25 @@ def consumer_problems(info: dict[str, Any], max_pending: int = DEFAULT_MAX_PENDI
             f"far behind: {info['num_pending']:,} log entries not handed out yet (more "
             f"than {max_pending:,}); its application reads slower than the topic grows, or "
             "stopped")
+    group = info.get("group")
+    if group and group["ready"] and len(group["members"]) == 1:
+        problems.append(
+            f"alone in group {group['name']}: no other member heard for 3 s, so it hands "
+            "out every event; are the other members' nodes up and following the topic?")
+    if group and group["duplicates"]:
+        problems.append(
+            f"{group['duplicates']:,} event(s) of group {group['name']} also handled by "
+            "another member since its node started: members died, restarted or did not "
+            "hear each other (a partition)")
     return problems
+
+
+def _group_note(info: dict[str, Any]) -> str:
+    group = info.get("group")
+    if not group:
+        return ""
+    return (f"; group {group['name']} of {len(group['members'])}, "
+            f"{group['num_watched']:,} watched, {group['taken_over']:,} taken over")
 
 
 async def _token(client: Any, token_given: bool, api_error: type[Exception]) -> Finding:

@@ -10,6 +10,7 @@ import json
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,3 +294,24 @@ async def test_publish_lines_sends_each_line_as_an_event_in_batches(
     assert code != 0 and "line 1" in err
     code, _, err = await run(api, capsys, "publish", cid, "--lines", str(tmp_path / "none"))
     assert code == 2 and "cannot read" in err
+
+
+def test_doctor_names_a_group_member_alone_or_handling_twice() -> None:
+    from pulsar.tools.doctor import consumer_problems
+
+    info: dict[str, Any] = {
+        "config": {"max_deliver": -1, "max_ack_pending": 1000, "ack_wait": 30.0},
+        "num_max_deliver_reached": 0, "num_ack_pending": 0, "num_skipped": 0,
+        "num_pending": 0, "group": {"name": "crew", "ready": True, "duplicates": 0,
+                                    "num_watched": 0, "taken_over": 0,
+                                    "members": [{"name": "w1"}, {"name": "w2"}]}}
+    assert consumer_problems(info) == []
+    info["group"]["members"] = [{"name": "w1"}]
+    assert [p.split(":")[0] for p in consumer_problems(info)] == ["alone in group crew"]
+    info["group"]["ready"] = False  # still joining: alone for now is expected
+    assert consumer_problems(info) == []
+    info["group"] |= {"ready": True, "members": [{"name": "w1"}, {"name": "w2"}],
+                      "duplicates": 3}
+    assert consumer_problems(info) == [
+        "3 event(s) of group crew also handled by another member since its node started: "
+        "members died, restarted or did not hear each other (a partition)"]

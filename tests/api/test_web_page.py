@@ -236,3 +236,16 @@ async def test_page_shows_a_topics_consumers_and_adds_and_deletes_one(
     await expect(result).to_contain_text("deleted consumer audit", timeout=WAIT_MS)
     await expect(audit).to_have_count(0)
     assert [c.name for c in await consumers.list(topic.cid)] == ["billing", "poison"]
+
+    # A member of a group: the row names the group and the members this node sees.
+    await page.locator("#consumer-name").fill("worker")
+    await page.locator("#consumer-ack").select_option("explicit")
+    await page.locator("#consumer-max-deliver").fill("")
+    await page.locator("#consumer-group").fill("crew")
+    await page.locator("#consumer-form button").click()
+    await expect(result).to_contain_text("added consumer worker", timeout=WAIT_MS)
+    worker = page.locator('#consumer-rows tr[data-consumer="worker"] [data-field="group"]')
+    await expect(worker).to_contain_text("crew · 1 members", timeout=WAIT_MS)
+    assert (await consumers.info(topic.cid, "worker")).config.group == "crew"
+    billing_group = billing.locator('[data-field="group"]')
+    await expect(billing_group).to_have_text("—")

@@ -48,11 +48,11 @@ from pulsar.net.handshake import PROLOGUE, Handshake, StaticKey
 from pulsar.net.noise import PROTOCOL_NAME
 from pulsar.net.secure import seal
 from pulsar.proto.batch.messages import Batch
-from pulsar.proto.codec import encode_message
-from pulsar.proto.events import Message
+from pulsar.proto.codec import Frame, encode_message
 from pulsar.proto.flood.messages import Subs
 from pulsar.proto.fragments.messages import Fragment, FWant, IDontWant
 from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
+from pulsar.proto.groups.messages import GroupBeat
 from pulsar.proto.membership.messages import (
     Disconnect,
     ForwardJoin,
@@ -193,7 +193,7 @@ def world() -> World:
 # --------------------------------------------------------------------------- messages
 
 
-def _messages(w: World) -> list[tuple[str, Message]]:
+def _messages(w: World) -> list[tuple[str, Frame]]:
     t = w.topic.cid
     a, b, c = (w.ids[n].peer_id for n in ("author", "subscriber", "requester"))
     e1, e2, big = w.e1.cid, w.e2.cid, w.big.cid
@@ -241,6 +241,14 @@ def _messages(w: World) -> list[tuple[str, Message]]:
         ("idontwant", IDontWant(t, (big,))),
         ("fwant", FWant(t, big, leaves)),
         ("batch", Batch((Heads(t, (big,)), IHave(t, ((big, 2),))))),
+        ("gbeat, acknowledgements to a member", GroupBeat.signed(
+            w.ids["subscriber"], topic=t, group="billing", name="worker-1",
+            inc=int(T0 * 1000), seq=3, since=int(T0 * 1000) + 2000, leaving=False,
+            acked=(e1, e2), hops=0)),
+        ("gbeat, leaving, flooded", GroupBeat.signed(
+            w.ids["subscriber"], topic=t, group="billing", name="worker-1",
+            inc=int(T0 * 1000), seq=4, since=int(T0 * 1000) + 2000, leaving=True,
+            acked=(), hops=6)),
     ]
 
 

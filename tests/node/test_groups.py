@@ -151,3 +151,43 @@ async def test_a_member_that_joins_takes_a_share_and_nothing_is_handled_twice(
         assert len(set(handled[2]) & late) >= 5  # ~20 of the 60 published after
     finally:
         await net.close()
+
+
+async def test_a_member_whose_node_restarts_leaves_its_unfinished_events_to_the_group(
+        tmp_path: Path) -> None:
+    """A clean stop says it is leaving (after the acknowledgements it had not told yet):
+    the other member handles the unfinished events. The restarted member is a new
+    incarnation: it does not hand them out again, and nothing it acknowledged comes back."""
+    net = Network(tmp_path)
+    try:
+        nodes, topic = await group_of(net, 2)
+        published = await publish(nodes[0], topic, 40)
+        await eventually(lambda: all(n.last_position(topic) == 40 for n in nodes),
+                         timeout=20, what="every node logged every event")
+        first = await nodes[1].consumers.fetch(topic, "w1", 100, 2.0)
+        assert len(first) >= 4
+        done, unfinished = first[: len(first) // 2], first[len(first) // 2:]
+        await nodes[1].consumers.ack(topic, "w1", [m.id for m in done])
+        restarted = await net.restart(nodes[1])
+        nodes[1] = restarted
+        handled = [Counter[CID](), Counter[CID]()]
+        for message in done:
+            handled[1][message.event.cid] += 1
+        stop = asyncio.Event()
+        workers = [asyncio.create_task(work(n, topic, f"w{i}", handled[i], stop))
+                   for i, n in enumerate(nodes)]
+        await eventually(lambda: set(handled[0] + handled[1]) == published, timeout=30,
+                         what="every event handled")
+        await eventually(lambda: _view_size(restarted, topic, "w1") == 2, timeout=20,
+                         what="the restarted member back in the group")
+        stop.set()
+        await asyncio.gather(*workers)
+        both = handled[0] + handled[1]
+        assert max(both.values()) == 1, [c for c, n in both.items() if n > 1]
+        assert {m.event.cid for m in unfinished} <= set(handled[0])  # the other's now
+        # What the restarted member left to the other is settled by its acknowledgements.
+        await eventually(lambda: restarted.consumers.describe(
+            topic, "w1", restarted.consumers.clock()).group.num_watched == 0, timeout=10,
+            what="the restarted member's watched entries settled")
+    finally:
+        await net.close()
