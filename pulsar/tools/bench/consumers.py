@@ -14,9 +14,10 @@ every event was acknowledged by some member.
   runs, where membership does not change once they start.
 
 Then the kill: three members (nodes 0-2; node 3 publishes) handle another fresh backlog
-with ``ack_wait`` 30 s; once a third is handled, node 2 crashes (its tasks cancelled, its
-transport, DHT and store closed with no goodbye: what a SIGKILL leaves, in one process)
-while it holds events it handed out and did not acknowledge.
+with ``ack_wait`` 30 s; once a third is handled, and just after node 2's member fetched a
+batch (it holds at least half of one, unacknowledged), node 2 crashes: its tasks
+cancelled, its transport, DHT and store closed with no goodbye (what a SIGKILL leaves, in
+one process).
 
 * ``lost_after_kill`` — events nobody acknowledged when the survivors stop (the run waits
   up to 120 s for them);
@@ -185,6 +186,8 @@ async def _kill(nodes: list[Node], events: int, handle_ms: float) -> dict[str, A
     tasks = [asyncio.create_task(h.run(done)) for h in handlers]
     await _until(lambda: len(acked) >= events // 3, 600, "a third of the events")
     victim = handlers[2]
+    # Just after a fetch, so it dies holding most of a batch it has not acknowledged.
+    await _until(lambda: len(victim.holding) >= FETCH // 2, 60, "a fetched batch")
     tasks[2].cancel()
     await asyncio.gather(tasks[2], return_exceptions=True)
     unacked = set(victim.holding)
