@@ -10,7 +10,9 @@ member it knows; what it settles goes in a beat of its own :data:`ACK_LINGER` la
 once past :data:`ACK_FLUSH` of them). Members find each other by
 *announces*: the same beat with no acknowledgements, flooded over the topic's tree and lazy
 links (every node that follows the topic relays it, at most ``hops`` times, once per beat),
-sent on joining, for the first three beats, and every :data:`ANNOUNCE_EVERY` th after. A
+sent on joining, for the first three beats, and every :data:`ANNOUNCE_EVERY` th after —
+also by a member alone in its group, so a flood costs the topic's links once per five
+seconds per member, whatever happens. A
 member that hears a member new to it answers it directly at once, so a joiner knows the
 group within a round trip, well inside its :data:`~pulsar.proto.groups.view.JOIN_LEAD`.
 
@@ -245,8 +247,7 @@ class ConsumerGroups:
                 self.counters["group_members_gone"] += len(gone)
                 log.info("group %s of topic %s: %s went silent", local.group, local.topic,
                          ", ".join(f"{PeerId(m.peer)}/{m.name}" for m in gone))
-            announce = local.beats < 3 or local.beats % ANNOUNCE_EVERY == 0 \
-                or not local.view.others
+            announce = local.beats < 3 or local.beats % ANNOUNCE_EVERY == 0
             self._beat(local, announce=announce)
             if local.acked:
                 self._beat(local, announce=False)

@@ -107,3 +107,16 @@ def test_a_malformed_beat_is_refused(change: dict[str, object]) -> None:
     wire.update(change)
     with pytest.raises(MessageError):
         decode_frame(encode(wire))
+
+
+def test_a_peer_minting_member_names_cannot_grow_a_view_without_bound() -> None:
+    from pulsar.proto.groups.view import MAX_GONE, MAX_MEMBERS
+
+    view = view_of(0, [])
+    for i in range(MAX_GONE + 500):
+        view.heard(MemberId(b"\x07" * 38, f"m{i}", 1), 0.0, 1, False, 0.0)
+        view.heard(MemberId(b"\x07" * 38, f"m{i}", 1), 0.0, 2, True, 0.0)
+    assert len(view.others) == 0 and len(view.gone) == MAX_GONE
+    for i in range(MAX_MEMBERS + 50):
+        view.heard(MemberId(b"\x08" * 38, f"x{i}", 1), 0.0, 1, False, 0.0)
+    assert len(view.live()) == MAX_MEMBERS

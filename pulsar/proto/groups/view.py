@@ -34,6 +34,10 @@ JOIN_LEAD: Final = 2.0
 """Seconds between a member's first beat and the first event creation time it handles."""
 MAX_MEMBERS: Final = 256
 """Most members one view keeps (others are not admitted until one goes)."""
+MAX_GONE: Final = 4096
+"""Ended incarnations remembered per view (the oldest forgotten first): enough to ignore
+the late beats of every member a view held over a long churn, bounded against a peer that
+mints member names."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -94,13 +98,13 @@ class GroupView:
             return []  # an older incarnation's late beat
         if current is not None and current.id.inc < member.inc:
             ended.append(current.id)
-            self.gone[slot] = current.id.inc
+            self._gone(slot, current.id.inc)
             current = None
         if leaving:
             if current is not None:
                 ended.append(current.id)
                 del self.others[slot]
-            self.gone[slot] = member.inc
+            self._gone(slot, member.inc)
             if ended:
                 self.epoch += 1
             return ended
@@ -122,10 +126,16 @@ class GroupView:
         for state in dead:
             slot = (state.id.peer, state.id.name)
             del self.others[slot]
-            self.gone[slot] = state.id.inc
+            self._gone(slot, state.id.inc)
         if dead:
             self.epoch += 1
         return [s.id for s in dead]
+
+    def _gone(self, slot: tuple[bytes, str], inc: int) -> None:
+        self.gone.pop(slot, None)
+        self.gone[slot] = inc
+        while len(self.gone) > MAX_GONE:
+            del self.gone[next(iter(self.gone))]
 
     def owner(self, cid: CID, created: float) -> MemberId:
         """The live member that handles the event ``cid`` created at ``created``."""
