@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -36,8 +36,8 @@ from dag import CID, Identity, PeerId
 from pulsar.proto.groups.messages import MAX_ACKED, GroupBeat
 from pulsar.proto.groups.view import JOIN_LEAD, GroupView, MemberId, MemberState
 
-__all__ = ["ACK_FLUSH", "ACK_LINGER", "ANNOUNCE_EVERY", "COUNTERS", "ConsumerGroups", "GroupHost",
-           "LocalMember"]
+__all__ = ["ACK_FLUSH", "ACK_LINGER", "ANNOUNCE_EVERY", "COUNTERS", "RECENT_ACKS",
+           "ConsumerGroups", "GroupHost", "LocalMember"]
 
 log = logging.getLogger("pulsar.node")
 
@@ -48,6 +48,10 @@ last beat interval but had not told would be handled twice (the benchmark's kill
 such events with a whole interval, at 33 events/s per member)."""
 ACK_FLUSH: Final = 128
 """Acknowledgements waiting that send a beat at once."""
+RECENT_ACKS: Final = 4096
+"""Acknowledgements a member repeats to a member it has just heard of (in beats of 512):
+a joiner, or a member back from a restart or a partition, learns what was settled while it
+could not hear, so it neither hands those events out nor watches them for ever."""
 ANNOUNCE_EVERY: Final = 5
 """Beats between two announces over the topic's links (after the first three)."""
 ANNOUNCE_HOPS: Final = 6
@@ -84,6 +88,8 @@ class LocalMember:
     seq: int = 0
     acked: list[CID] = field(default_factory=list)
     """Settled since the last beat, not told yet."""
+    recent: deque[CID] = field(default_factory=lambda: deque(maxlen=RECENT_ACKS))
+    """The last settled, told again to a member new to it (it was not there to hear)."""
     lingering: bool = False
     epoch_seen: int = 0
     joined: float = 0.0
@@ -182,7 +188,9 @@ class ConsumerGroups:
         local = self.members.get((topic, name))
         if local is None:
             return
+        events = list(events)
         local.acked.extend(events)
+        local.recent.extend(events)
         if len(local.acked) >= ACK_FLUSH:
             self._beat(local, announce=False)
         elif local.acked and not local.lingering:
@@ -287,8 +295,12 @@ class ConsumerGroups:
               ) -> None:
         """One beat of ``local``: acknowledgements (up to :data:`MAX_ACKED`) directly to
         the members it knows, or an announce over the topic's links as well."""
-        if only is not None:
+        if only is not None:  # a member new to us: who we are, and what we settled lately
+            recent = list(local.recent)
             self._send(only, self._make(local, leaving=False, acked=(), hops=0))
+            for i in range(0, len(recent), MAX_ACKED):
+                self._send(only, self._make(local, leaving=False,
+                                            acked=tuple(recent[i:i + MAX_ACKED]), hops=0))
             return
         acked = tuple(local.acked[:MAX_ACKED])
         del local.acked[:MAX_ACKED]

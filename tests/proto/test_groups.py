@@ -65,7 +65,11 @@ def test_silence_a_new_incarnation_and_leaving_end_a_member() -> None:
     view.heard(member(1), 0.0, 2, False, 2.5)
     assert view.expire(3.5) == [member(2)]  # not heard for more than 3 s
     assert view.epoch == epoch + 1
-    assert view.heard(member(2), 0.0, 9, False, 3.6) == []  # a late beat: stays gone
+    assert (member(2).peer, member(2).name) not in view.others
+    view.heard(member(2), 0.0, 9, False, 3.6)  # heard again (a partition healed): back
+    assert (member(2).peer, member(2).name) in view.others and view.epoch == epoch + 2
+    assert view.heard(member(2), 0.0, 10, True, 3.7) == [member(2)]  # leaving: for good
+    assert view.heard(member(2), 0.0, 11, False, 3.8) == []
     assert (member(2).peer, member(2).name) not in view.others
     assert view.heard(member(1, inc=2), 0.0, 1, False, 4.0) == [member(1)]
     assert view.heard(member(1), 0.0, 3, False, 4.1) == []  # the old one's late beat

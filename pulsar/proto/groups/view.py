@@ -15,9 +15,10 @@ before it joined stay with the members that were there (no duplicates on a join)
 eligibility from the same numbers, whatever its clock. When no live member is eligible
 (every member restarted since the event was created), every live member is.
 
-**Liveness.** A member not heard from for ``dead_after`` seconds is gone; so is one that
-said it is leaving, and an incarnation a newer one of the same ``(node, name)`` replaced.
-Each change bumps ``epoch``.
+**Liveness.** A member not heard from for ``dead_after`` seconds is out of the view until
+it is heard again (a partition heals); one that said it is leaving, or whose incarnation a
+newer one of the same ``(node, name)`` replaced, is out for good. Each change bumps
+``epoch``.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class GroupView:
     """By ``(node, name)``: the newest incarnation heard of each other member."""
     epoch: int = 1
     gone: dict[tuple[bytes, str], int] = field(default_factory=dict)
-    """Incarnations known to be over (left, replaced or timed out): a late beat of one of
-    them does not bring it back."""
+    """Incarnations known to be over (left, or replaced by a newer one): a late beat of one
+    of them does not bring it back. One that only went silent comes back when heard."""
 
     def live(self) -> list[MemberState]:
         return [self.me, *self.others.values()]
@@ -124,9 +125,10 @@ class GroupView:
         """The members not heard from for ``dead_after`` seconds, removed."""
         dead = [s for s in self.others.values() if now - s.heard > self.dead_after]
         for state in dead:
-            slot = (state.id.peer, state.id.name)
-            del self.others[slot]
-            self._gone(slot, state.id.inc)
+            # Not remembered as ended: silence may be a partition, and a member heard
+            # again after it heals is back in the view (its events were taken over
+            # meanwhile: what both sides handled is counted as duplicates).
+            del self.others[(state.id.peer, state.id.name)]
         if dead:
             self.epoch += 1
         return [s.id for s in dead]
