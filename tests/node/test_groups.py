@@ -4,11 +4,14 @@ member that dies has its share taken over, one that joins takes its share."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
 from dag import CID
-from pulsar import Node
+from pulsar import Node, NodeConfig
+from pulsar.net.faults import FaultInjector
+from pulsar.runtime.consumer_share import GroupInfo
 from tests.node.conftest import Network
 from tests.waiting import eventually
 
@@ -33,6 +36,12 @@ def _view_size(node: Node, topic: CID, name: str) -> int:
     if member is None or not node._driver.groups.ready(member):
         return 0
     return len(member.view.live())
+
+
+def _group(node: Node, topic: CID, name: str) -> GroupInfo:
+    group = node.consumers.describe(topic, name, node.consumers.clock()).group
+    assert group is not None
+    return group
 
 
 async def publish(node: Node, topic: CID, count: int, start: int = 0) -> set[CID]:
@@ -189,5 +198,57 @@ async def test_a_member_whose_node_restarts_leaves_its_unfinished_events_to_the_
         await eventually(lambda: restarted.consumers.describe(
             topic, "w1", restarted.consumers.clock()).group.num_watched == 0, timeout=10,
             what="the restarted member's watched entries settled")
+    finally:
+        await net.close()
+
+
+class _Partitionable(Network):
+    """Every node's transport asks one fault injector, which a test partitions and heals."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.faults = FaultInjector(seed=1)
+
+    def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
+        return dataclasses.replace(super().config(index, bootstrap), faults=self.faults)
+
+
+async def test_a_partition_splits_the_group_and_healing_joins_it_again(
+        tmp_path: Path) -> None:
+    """Cut off, each side handles what the other would have (the duplicates a partition
+    costs, counted); healed, the members hear each other again and share what comes next
+    once each."""
+    net = _Partitionable(tmp_path)
+    try:
+        nodes, topic = await group_of(net, 3)
+        published = await publish(nodes[0], topic, 30)
+        await eventually(lambda: all(n.last_position(topic) == 30 for n in nodes),
+                         timeout=20, what="every node logged every event")
+        net.faults.partition([[nodes[0].peer_id, nodes[1].peer_id], [nodes[2].peer_id]])
+        await eventually(lambda: [_view_size(n, topic, f"w{i}") for i, n in
+                                  enumerate(nodes)] == [2, 2, 1],
+                         timeout=20, what="each side's view without the other")
+        handled = [Counter[CID]() for _ in nodes]
+        stop = asyncio.Event()
+        workers = [asyncio.create_task(work(n, topic, f"w{i}", handled[i], stop))
+                   for i, n in enumerate(nodes)]
+        await eventually(lambda: set(handled[0] + handled[1]) == published
+                         and set(handled[2]) == published, timeout=30,
+                         what="each side handles every event")
+        net.faults.heal()
+        await eventually(lambda: all(_view_size(n, topic, f"w{i}") == 3
+                                     for i, n in enumerate(nodes)),
+                         timeout=30, what="one group again")
+        counted = sum(_group(n, topic, f"w{i}").duplicates for i, n in enumerate(nodes))
+        assert counted > 0  # what both sides handled is counted, not hidden
+        before = handled[0] + handled[1] + handled[2]
+        late = await publish(nodes[0], topic, 30, start=30)
+        await eventually(lambda: set(handled[0] + handled[1] + handled[2]) >= late,
+                         timeout=30, what="the events after the heal handled")
+        stop.set()
+        await asyncio.gather(*workers)
+        after = handled[0] + handled[1] + handled[2]
+        assert all(after[c] == 1 for c in late)  # once each, by one member
+        assert all(after[c] == before[c] for c in published)  # nothing old again
     finally:
         await net.close()
