@@ -153,7 +153,7 @@ class ConsumerGroups:
                             self.monotonic() + self.join_lead, joined=self.monotonic())
         local.epoch_seen = local.view.epoch
         self.members[(topic, name)] = local
-        self._announce(local)
+        self._beat(local, announce=True)
         return local
 
     def leave(self, topic: CID, name: str) -> None:
@@ -281,14 +281,11 @@ class ConsumerGroups:
             local.ready_told = True
             self.host.group_changed(local.topic, local.name)
 
-    def _announce(self, local: LocalMember) -> None:
-        self._beat(local, announce=True)
-
     def _say_leaving(self, local: LocalMember) -> None:
         while local.acked:  # what it settled first, or the others would take it over
             self._beat(local, announce=False)
         beat = self._make(local, leaving=True, acked=(), hops=ANNOUNCE_HOPS)
-        for peer in self._targets(local, announce=True):
+        for peer in self._targets(local):
             self._send(peer, beat)
 
     def _beat(self, local: LocalMember, *, announce: bool, only: PeerId | None = None
@@ -313,16 +310,16 @@ class ConsumerGroups:
             self.counters["group_acks_sent"] += len(acked) if direct else 0
         if announce:
             flooded = self._make(local, leaving=False, acked=(), hops=ANNOUNCE_HOPS)
-            targets = self._targets(local, announce=True)
+            targets = self._targets(local)
             for peer in targets:
                 self._send(peer, flooded)
             if targets and local.announced_at is None:
                 local.announced_at = self.monotonic()
 
-    def _targets(self, local: LocalMember, *, announce: bool) -> set[PeerId]:
+    def _targets(self, local: LocalMember) -> set[PeerId]:
+        """Where an announce goes: the members it knows and the topic's links."""
         peers = {PeerId(s.id.peer) for s in local.view.others.values()}
-        if announce:
-            peers.update(self._neighbours(local.topic))
+        peers.update(self._neighbours(local.topic))
         peers.discard(self._identity.peer_id)
         return peers
 

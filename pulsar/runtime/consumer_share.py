@@ -83,14 +83,14 @@ class GroupShare:
     """The group side of this node's consumers (``host`` of the groups' callbacks).
 
     ``poke`` wakes the fetches waiting on a consumer; ``event_at`` parses a log entry's
-    event (None when it is gone); ``counters`` are the node's metrics."""
+    event (None when it is gone). It counts in the groups' counters (the node's metrics)."""
 
     def __init__(self, table: ConsumerTable, groups: ConsumerGroups,
-                 counters: dict[str, int], poke: Callable[[CID, str], None],
+                 poke: Callable[[CID, str], None],
                  event_at: EventAt) -> None:
         self._table = table
         self.groups = groups
-        self._counters = counters
+        self._counters = groups.counters
         self._poke = poke
         self._event_at = event_at
         self._settled: dict[tuple[CID, str], OrderedDict[CID, None]] = {}
@@ -189,8 +189,7 @@ class GroupShare:
             done.popitem(last=False)
         if twice:
             local.duplicates += twice
-            self._counters["group_duplicates"] = \
-                self._counters.get("group_duplicates", 0) + twice
+            self._counters["group_duplicates"] += twice
             log.info("consumer %s of topic %s: %d event(s) also settled by %s/%s", name, topic,
                      twice, PeerId(member.peer), member.name)
         if pending:
@@ -221,8 +220,7 @@ class GroupShare:
                          unwatch=[w.seq for w in mine])
         if mine:
             local.taken_over += len(mine)
-            self._counters["group_taken_over"] = \
-                self._counters.get("group_taken_over", 0) + len(mine)
+            self._counters["group_taken_over"] += len(mine)
             log.info("consumer %s of topic %s: took over %d event(s) of members gone from "
                      "group %s", name, topic, len(mine), local.group)
             self._poke(topic, name)

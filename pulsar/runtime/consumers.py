@@ -151,8 +151,7 @@ class Consumers:
         self._share: GroupShare | None = None
         """The group side, when the node has consumer groups."""
         if runtime is not None:
-            self._share = GroupShare(self._table, runtime.groups, self.counters, self._poke,
-                                     _event)
+            self._share = GroupShare(self._table, runtime.groups, self._poke, _event)
             self._share.rejoin()
 
     # ------------------------------------------------------------------ the embedded API

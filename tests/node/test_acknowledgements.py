@@ -14,6 +14,7 @@ from api import ApiServer
 from dht import BlockNotFound
 from pulsar import Node, NodeConfig, NotPersisted, StorageFull
 from pulsar.runtime.replay import ReplayIncomplete
+from pulsar.tools.bench.delivery import crash
 from pulsar.tools.devnet import Devnet
 from tests.waiting import eventually
 
@@ -96,12 +97,7 @@ async def test_an_acknowledged_event_is_found_from_the_cid_after_its_publisher_d
         topic = await author.create_topic("acked")
         event = await author.publish(topic.cid, b"the last word")
         # A crash: no Flush of armed records, no waiting for writes in flight.
-        author._driver.halt()
-        for task in list(author._driver.tasks):
-            task.cancel()
-        await author.transport.close()
-        await author.dht.stop()
-        author.store.close()
+        await crash(author)
         net.nodes.remove(author)
         replayed = [e.cid async for e in reader.replay(topic.cid)]
         assert replayed == [event.cid]

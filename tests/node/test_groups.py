@@ -12,6 +12,7 @@ from dag import CID
 from pulsar import Node, NodeConfig
 from pulsar.net.faults import FaultInjector
 from pulsar.runtime.consumer_share import GroupInfo
+from pulsar.tools.bench.delivery import crash
 from tests.node.conftest import Network
 from tests.waiting import eventually
 
@@ -78,9 +79,9 @@ async def test_a_group_hands_each_event_to_one_member(tmp_path: Path) -> None:
         assert set(both) == published and max(both.values()) == 1  # once, by one member
         assert all(len(h) >= 10 for h in handled), [len(h) for h in handled]  # ~30 each
         # What the others left is watched until its owner's acknowledgement is heard.
-        await eventually(lambda: all(
-            n.consumers.describe(topic, f"w{i}", n.consumers.clock()).group.num_watched == 0
-            for i, n in enumerate(nodes)), timeout=10, what="watched entries settled")
+        await eventually(lambda: all(_group(n, topic, f"w{i}").num_watched == 0
+                                     for i, n in enumerate(nodes)),
+                         timeout=10, what="watched entries settled")
         info = nodes[0].consumers.describe(topic, "w0", nodes[0].consumers.clock())
         assert info.group is not None and info.group.duplicates == 0
         assert len(info.group.members) == 3 and info.num_ack_pending == 0
@@ -100,12 +101,7 @@ async def test_a_dead_members_share_is_taken_over_without_waiting_for_ack_wait(
         victim = nodes[2]
         unacked = {m.event.cid for m in await victim.consumers.fetch(topic, "w2", 100, 2.0)}
         assert unacked
-        victim._driver.halt()
-        for task in list(victim._driver.tasks):
-            task.cancel()
-        await victim.transport.close()
-        await victim.dht.stop()
-        victim.store.close()
+        await crash(victim)
         net.nodes.remove(victim)
         handled = [Counter[CID](), Counter[CID]()]
         stop = asyncio.Event()
@@ -122,8 +118,7 @@ async def test_a_dead_members_share_is_taken_over_without_waiting_for_ack_wait(
         assert max(both.values()) == 1
         assert unacked <= set(both)  # what the dead member held came again...
         assert recovered < 20  # ...long before its ack_wait of 600 s
-        taken = sum(n.consumers.describe(topic, f"w{i}", n.consumers.clock())
-                    .group.taken_over for i, n in enumerate(nodes[:2]))
+        taken = sum(_group(n, topic, f"w{i}").taken_over for i, n in enumerate(nodes[:2]))
         assert taken >= len(unacked)
     finally:
         await net.close()
@@ -195,9 +190,8 @@ async def test_a_member_whose_node_restarts_leaves_its_unfinished_events_to_the_
         assert max(both.values()) == 1, [c for c, n in both.items() if n > 1]
         assert {m.event.cid for m in unfinished} <= set(handled[0])  # the other's now
         # What the restarted member left to the other is settled by its acknowledgements.
-        await eventually(lambda: restarted.consumers.describe(
-            topic, "w1", restarted.consumers.clock()).group.num_watched == 0, timeout=10,
-            what="the restarted member's watched entries settled")
+        await eventually(lambda: _group(restarted, topic, "w1").num_watched == 0,
+                         timeout=10, what="the restarted member's watched entries settled")
     finally:
         await net.close()
 

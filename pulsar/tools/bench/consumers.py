@@ -49,7 +49,7 @@ from dht import DhtConfig
 from pulsar.config import NodeConfig
 from pulsar.node import Node
 
-from .delivery import _settle, _start_network, _stop_all
+from .delivery import _settle, _start_network, _stop_all, crash
 
 __all__ = ["bench_consumers"]
 
@@ -164,16 +164,6 @@ async def _share(nodes: list[Node], k: int, events: int, handle_ms: float
     return events / elapsed, twice
 
 
-async def _crash(node: Node) -> None:
-    """What a SIGKILL leaves, in one process: no goodbye, nothing flushed."""
-    node._driver.halt()
-    for task in list(node._driver.tasks):
-        task.cancel()
-    await node.transport.close()
-    await node.dht.stop()
-    node.store.close()
-
-
 async def _kill(nodes: list[Node], events: int, handle_ms: float) -> dict[str, Any]:
     topic = await _fill(nodes, "bench/consumers/kill", events)
     members = nodes[:3]
@@ -191,7 +181,7 @@ async def _kill(nodes: list[Node], events: int, handle_ms: float) -> dict[str, A
     tasks[2].cancel()
     await asyncio.gather(tasks[2], return_exceptions=True)
     unacked = set(victim.holding)
-    await _crash(victim.node)
+    await crash(victim.node)
     killed = time.perf_counter()
     _say(f"node 2 crashed holding {len(unacked)} unacknowledged event(s)")
     recovered: float | None = None

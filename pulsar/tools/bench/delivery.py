@@ -224,6 +224,18 @@ async def _stop_all(nodes: list[Node]) -> None:
     await asyncio.gather(*(n.stop() for n in nodes), return_exceptions=True)
 
 
+async def crash(node: Node) -> None:
+    """End ``node`` as a SIGKILL would, inside this process: nothing handed to its core any
+    more, its tasks cancelled, its transport, DHT and store closed, with no goodbye and no
+    flush of what was armed (benchmarks and tests that kill a node mid-run)."""
+    node._driver.halt()
+    for task in list(node._driver.tasks):
+        task.cancel()
+    await node.transport.close()
+    await node.dht.stop()
+    node.store.close()
+
+
 async def _settle(nodes: list[Node], topic: CID, timeout: float = 20.0,
                   subscribers: list[Node] | None = None) -> int:
     """Wait until every subscriber (default: every node but the first, the author) has a
