@@ -15,6 +15,7 @@ methods: how a file is opened safely is one job, what is stored in it another.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -160,7 +161,22 @@ def _migrate(conn: sqlite3.Connection) -> None:
     while (version := conn.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
         with write_transaction(conn):
             for statement in _MIGRATIONS[version]:
-                conn.execute(statement)
+                _apply(conn, statement)
+
+
+_ADD_COLUMN: Final = re.compile(r"ALTER TABLE (?P<table>\w+) ADD COLUMN (?P<column>\w+) .*")
+
+
+def _apply(conn: sqlite3.Connection, statement: str) -> None:
+    """One migration statement. Adding a column that is already there is skipped, as
+    ``CREATE TABLE IF NOT EXISTS`` skips a table: SQLite has no ``ADD COLUMN IF NOT
+    EXISTS``, and a step must be safe to run on a file that already has what it adds."""
+    added = _ADD_COLUMN.fullmatch(statement)
+    if added is not None:
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({added['table']})")}
+        if added["column"] in columns:
+            return
+    conn.execute(statement)
 
 
 @contextmanager

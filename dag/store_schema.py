@@ -19,7 +19,8 @@ marked as ours with ``PRAGMA application_id`` = :data:`APPLICATION_ID`)::
     dht_records   key → value, stored_at, republished_at
     subscriptions topic → created_at, active
     heads         (topic, event)                 the current heads of a topic's event DAG
-    delivery_log  (topic, seq) → event, delivered_at; UNIQUE (topic, event)
+    delivery_log  (topic, seq) → event, delivered_at, created_ms (schema 10; NULL for
+                                                 entries logged before); UNIQUE (topic, event)
     log_state     topic → last_seq, last_at      the per-topic high-water mark of the log
     topic_latest  topic → version                the latest version of a topic the node
                                                  knows (schema 2), so a restart judges and
@@ -60,7 +61,7 @@ from typing import Final
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION: Final = 9
+SCHEMA_VERSION: Final = 10
 """The schema this build writes; a file with a higher ``user_version`` is refused."""
 
 APPLICATION_ID: Final = int.from_bytes(b"PLSR", "big")
@@ -231,6 +232,7 @@ _SCHEMA: Final = (
         seq          INTEGER NOT NULL CHECK (seq > 0),
         event        BLOB NOT NULL,
         delivered_at REAL NOT NULL,
+        created_ms   INTEGER,
         PRIMARY KEY (topic, seq)
     ) WITHOUT ROWID""",
     "CREATE UNIQUE INDEX delivery_log_event ON delivery_log (topic, event)",
@@ -289,6 +291,9 @@ _MIGRATIONS: Final = {
         "PRAGMA user_version = 8"),
     # 8 -> 9: consumer groups across nodes.
     8: (_CONSUMER_WATCHED, _CONSUMER_WATCHED_INDEX, "PRAGMA user_version = 9"),
+    # 9 -> 10: each log entry's event creation time, which range reconciliation sorts by.
+    # Entries logged before it have none; a node reads those from the blocks once.
+    9: ("ALTER TABLE delivery_log ADD COLUMN created_ms INTEGER", "PRAGMA user_version = 10"),
 }
 _TABLES: Final = frozenset(
     {"blocks", "dht_records", "subscriptions", "heads", "delivery_log", "log_state",

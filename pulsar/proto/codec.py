@@ -33,13 +33,14 @@ from pulsar.proto.membership.messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
+from pulsar.proto.reconcile.messages import RBlocks, Recon, RWant
 from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 
 from .fields import MAX_MESSAGE_SIZE, MessageError
 
-__all__ = ["MESSAGE_TYPES", "RUNTIME_TYPES", "Frame", "decode_frame", "decode_message",
-           "encode_message"]
+__all__ = ["MESSAGE_TYPES", "RUNTIME_TYPES", "Frame", "RuntimeMessage", "decode_frame",
+           "decode_message", "encode_message"]
 
 MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Join, Leave, Event, RequestToPublish, Ping, Pong,  # trees and events (protocol.md §3)
@@ -52,10 +53,11 @@ MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Batch,  # control messages of many topics in one frame
 )
 """Every message type the protocol core takes, in the order of docs/protocol.md."""
-RUNTIME_TYPES: Final = (GroupBeat,)
+RUNTIME_TYPES: Final = (GroupBeat, Recon, RWant, RBlocks)
 """Message types the node's runtime takes itself, not the core: consumer groups
-(docs/protocol.md §11)."""
-Frame = Message | GroupBeat
+(docs/protocol.md §11) and range reconciliation (§12)."""
+RuntimeMessage = GroupBeat | Recon | RWant | RBlocks
+Frame = Message | RuntimeMessage
 """Whatever a frame may carry."""
 
 
@@ -92,8 +94,8 @@ def decode_message(frame: bytes) -> Message:
     """Parse a frame payload for the core; :class:`MessageError` for anything malformed,
     and for a runtime message (:data:`RUNTIME_TYPES`)."""
     message = decode_frame(frame)
-    if isinstance(message, GroupBeat):
-        raise MessageError("a gbeat message is not the core's")
+    if isinstance(message, RUNTIME_TYPES):
+        raise MessageError(f"a {message.T} message is not the core's")
     return message
 
 

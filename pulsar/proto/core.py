@@ -154,7 +154,7 @@ class PulsarCore:
         )
         """Trees opened by subscriptions and JOINs, and left."""
         self.metrics: dict[str, int] = {"rejected": 0, "store_quorum_failed": 0}
-        """The core's own counters; every room counts its own (``counters`` gathers them)."""
+        """The core's own counters (each room counts its own; ``counters`` gathers them)."""
 
     def handle(self, event: ev.InEvent, now: float) -> Out:
         """Apply one input; return the outputs the driver must carry out, in order."""
@@ -207,6 +207,8 @@ class PulsarCore:
             case ev.CheckpointMade():
                 out = self.publisher.records.checkpoint(
                     event.topic, self._trees.get(event.topic), event.checkpoint, now)
+            case ev.Reconciled():
+                out = self.backfill.on_reconciled(event, now)
             case _:
                 assert_never(event)
         return self._after(out, now)
@@ -312,8 +314,7 @@ class PulsarCore:
             elif (tree.topic.author == self.me and item.event.publisher != self.me
                   and item.event.publisher not in tree.recorded_publishers):
                 # A publisher our record does not name yet: readers find its own record
-                # (fresh after each of its publishes) through ours. Heads alone changing
-                # needs no rewrite of ours — that was two record writes per event.
+                # (fresh after each of its publishes) through ours; heads alone do not.
                 extra += self.publisher.records.arm(tree, self.config.author_record_interval, now)
         done += self._large_and_repaired(extra, now)
         done += self._interests()
@@ -539,7 +540,7 @@ class PulsarCore:
         timer = fired.timer
         match timer:
             case (tm.GapTimeout() | tm.WantTimeout() | tm.RetryFetch() | tm.RetryLost()
-                  | tm.HeadsTick()):
+                  | tm.HeadsTick() | tm.ReconcileTimeout()):
                 return self.backfill.on_timer(timer, now)
             case tm.GraftTimer():
                 return self.lazy.on_timer(timer, self._known_in(timer.topic), now)

@@ -51,6 +51,8 @@ from .tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 
 __all__ = [
     "BlockFetched",
+    "Reconcile",
+    "Reconciled",
     "CommandFailed",
     "CreateTopic",
     "FailureKind",
@@ -301,6 +303,19 @@ class Start:
     overlay. Until then the core keeps no neighbours of its own."""
 
 
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """Blocks of ``topic`` that a range reconciliation with ``peer`` found missing here
+    (see :class:`Reconcile`), in the peer's delivery order: each is verified like a
+    backfilled block and taken in. ``done``: the reconciliation is over (whatever it
+    fetched or not), so the topic's gaps ask for what is still missing as usual."""
+
+    peer: PeerId
+    topic: CID
+    blocks: tuple[bytes, ...]
+    done: bool = False
+
+
 InEvent = (
     Received
     | PeerDown
@@ -319,6 +334,7 @@ InEvent = (
     | Start
     | HistoryCut
     | CheckpointMade
+    | Reconciled
 )
 
 
@@ -463,6 +479,17 @@ class GapReported:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """Backfill met a gap too deep to walk (an answer of ``reconcile_after`` blocks did
+    not reach what this node holds): reconcile ``topic``'s history with ``peer`` by
+    ranges and fetch the difference, then answer with :class:`Reconciled` (``done``).
+    The topic's gaps wait meanwhile, at most ``reconcile_timeout``."""
+
+    topic: CID
+    peer: PeerId
+
+
 OutEvent = (
     Send
     | SetTimer
@@ -479,6 +506,7 @@ OutEvent = (
     | CommandFailed
     | Rejected
     | GapReported
+    | Reconcile
 )
 
 Out = list[OutEvent]

@@ -36,10 +36,12 @@ from dag import (
 from dag.records import HeadsRecord
 from dht import BlockNotFound, DhtNode
 from dht.keys import dht_key
-from pulsar.proto.codec import Frame, decode_frame, encode_message
+from pulsar.proto.codec import RUNTIME_TYPES, Frame, decode_frame, encode_message
 from pulsar.proto.fields import MessageError
 from pulsar.proto.flood.core import FloodCore
 from pulsar.proto.groups.messages import GroupBeat
+from pulsar.proto.reconcile.messages import RBlocks, Recon, RWant
+from pulsar.proto.repair.state import BackfillConfig
 
 from ..net.errors import PeerUnreachable
 from ..net.transport import Transport
@@ -57,6 +59,7 @@ from .node_config import NodeConfig
 from .node_state import NodeState
 from .payloads import Payloads
 from .peer_faults import PeerFaults
+from .reconciler import Reconciler
 from .retention import LogRetention, sweep_forever
 from .routing import DhtRouting
 from .subscription import Subscription
@@ -131,6 +134,7 @@ class Driver:
                 config.core,
                 lookup=self.writes.local_block,
                 is_delivered=state.log_contains,
+                backfill=BackfillConfig(reconcile=config.reconcile),
             )
         self.payloads = Payloads(config, store, dht, self.writes, self.spawn)
         self.checkpoints = CheckpointMaker(
@@ -155,6 +159,15 @@ class Driver:
         self.groups = ConsumerGroups(identity, self._send, self._topic_links,
                                      counters=self.counters)
         """The consumer groups this node's consumers belong to (their beats)."""
+        backfill = self.core.backfill if isinstance(self.core, PulsarCore) else None
+        self.reconciler = Reconciler(
+            state, self.writes.local_block, self.writes.flush, self._send,
+            self._handle_unless_stopped,
+            (lambda t, c: False) if backfill is None else backfill.known,
+            (lambda t: None) if backfill is None else backfill.horizon, self._topic_links,
+            self.counters)
+        """Catch-up by range reconciliation (RECON, RWANT, RBLOCKS): asked and answered."""
+        self.writes.on_append.append(self.reconciler.appended)
         self.ignored_frames = 0
         """Frames from banned peers, dropped unread."""
         self.stopped = False
@@ -188,6 +201,7 @@ class Driver:
         self.spawn(sweep_forever(self.retention, self._state.subscriptions, clock))
         self.spawn(self.lag.run())
         self.spawn(self.groups.run(lambda: self.stopped))
+        self.spawn(self.reconciler.run(lambda: self.stopped))
         if self._config.protocol == "pulsarcast":
             self.checkpoints.announce()
             self.spawn(self.checkpoints.run_forever(clock))
@@ -254,6 +268,7 @@ class Driver:
         tasks. The caller closes the transport, the DHT and the store after."""
         self.handle(ev.Flush())
         self.groups.stop()  # the others take this node's group shares over at once
+        self.reconciler.stop()
         if self._record_writes:
             await asyncio.wait(self._record_writes, timeout=STOP_FLUSH_TIMEOUT)
         self.halt()
@@ -307,6 +322,9 @@ class Driver:
         if isinstance(message, GroupBeat):
             self.groups.on_beat(peer, message)
             return
+        if isinstance(message, Recon | RWant | RBlocks):
+            self.reconciler.on_frame(peer, message)
+            return
         if self._trace is not None:
             self._trace.received(peer, message, len(frame))
         self.handle(ev.Received(peer, message))
@@ -340,6 +358,7 @@ class Driver:
         """The connection to ``peer`` was lost: the core routes around it."""
         if not self.stopped:
             self.handle(ev.PeerDown(peer))
+            self.reconciler.peer_down(peer)
 
     # ------------------------------------------------------------------ outputs
 
@@ -397,6 +416,8 @@ class Driver:
                         log.warning("rejected input: %s", out.reason)
                     else:
                         self._fault(out.peer, "rejected", out.reason)
+                case ev.Reconcile():
+                    self.reconciler.start(out.topic, out.peer)
                 case ev.GapReported():
                     log.warning(
                         "topic %s: delivery went on without %s (%s, %d events released)",
@@ -417,7 +438,7 @@ class Driver:
         if event.key is not None and self._compacts(topic) and self.compaction.stale(topic,
                                                                                     event):
             return  # a newer event of its key is in the log: compacted, not delivered
-        self.writes.deliver(topic, event.cid)
+        self.writes.deliver(topic, event.cid, round(event.created_at * 1000))
         if isinstance(event.payload, CID) and self.writes.local_block(event.payload) is None:
             self.spawn(self.payloads.keep(event))
         for sub in self.subscriptions.get(topic, ()):
@@ -450,7 +471,7 @@ class Driver:
         if self.stopped:
             return
         frame = encode_message(message)
-        if self._trace is not None and not isinstance(message, GroupBeat):
+        if self._trace is not None and not isinstance(message, RUNTIME_TYPES):
             self._trace.sent(peer, message, len(frame))
         address = self._transport.address_of(peer)
         if address is not None and self._transport.send_nowait(peer, address, frame):

@@ -53,6 +53,11 @@ class NodeConfig:
     background)."""
     peer_faults: FaultConfig = field(default_factory=FaultConfig)
     """Misbehaviour scores, bans and the rate of fault log lines."""
+    reconcile: bool = True
+    """A gap too deep to walk (a node back after missing hundreds of events, a healed
+    partition) is caught up by range reconciliation with the neighbour that showed it
+    (:mod:`pulsar.runtime.reconciler`); False: walked back ``want_limit`` blocks per round
+    trip, as the DAG links lead."""
     checkpoint_every: int = 1000
     """The author of a topic checkpoints its history every this many events
     (:mod:`pulsar.runtime.checkpoints`): a seek reads ``log2(events / checkpoint_every)``

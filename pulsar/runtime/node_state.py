@@ -161,9 +161,11 @@ class NodeState:
 
     # -- delivery log ---------------------------------------------------------------------
 
-    def log_append(self, topic: CID, events: Sequence[CID], now: float) -> list[int]:
+    def log_append(self, topic: CID, events: Sequence[CID], now: float,
+                   created: Sequence[int | None] | None = None) -> list[int]:
         """Append ``events`` (in delivery order) to the log of ``topic``, in one transaction,
-        and return the sequence numbers given to the new ones.
+        and return the sequence numbers given to the new ones. ``created``: each event's
+        ``created`` time in milliseconds (what range reconciliation sorts by), if known.
 
         Events already in the log are skipped, so a redelivery after a restart is not seen
         twice. Numbers start at 1 and only grow; the high-water mark is kept apart from the
@@ -180,7 +182,7 @@ class NodeState:
                 "SELECT last_seq, last_at FROM log_state WHERE topic = ?", (t,)
             ).fetchone()
             last_seq, at = (0, now) if row is None else (int(row[0]), max(now, float(row[1])))
-            for event in events:
+            for index, event in enumerate(events):
                 e = event.raw
                 if conn.execute(
                     "SELECT 1 FROM delivery_log WHERE topic = ? AND event = ?", (t, e)
@@ -188,9 +190,9 @@ class NodeState:
                     continue
                 last_seq += 1
                 conn.execute(
-                    "INSERT INTO delivery_log (topic, seq, event, delivered_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    (t, last_seq, e, at),
+                    "INSERT INTO delivery_log (topic, seq, event, delivered_at, created_ms) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (t, last_seq, e, at, None if created is None else created[index]),
                 )
                 assigned.append(last_seq)
             if assigned:
@@ -256,6 +258,22 @@ class NodeState:
         params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
         with self._store.connection() as conn:
             return conn.execute(sql, params).fetchall()
+
+    def log_items(self, topic: CID, limit: int) -> list[tuple[int | None, bytes, int]]:
+        """The newest ``limit`` entries of ``topic``'s log as ``(created_ms, event CID
+        bytes, seq)`` (``created_ms`` None for entries logged before schema 10): what range
+        reconciliation indexes."""
+        with self._store.connection() as conn:
+            rows = conn.execute("SELECT created_ms, event, seq FROM delivery_log "
+                                "WHERE topic = ? ORDER BY seq DESC LIMIT ?",
+                                (topic.raw, limit)).fetchall()
+        return [(ms, bytes(raw), int(seq)) for ms, raw, seq in rows]
+
+    def log_set_created(self, topic: CID, created: Sequence[tuple[int, int]]) -> None:
+        """Record ``(seq, created_ms)`` for entries logged without it."""
+        with self._store.transaction() as conn:
+            conn.executemany("UPDATE delivery_log SET created_ms = ? WHERE topic = ? AND seq = ?",
+                             [(ms, topic.raw, seq) for seq, ms in created])
 
     def log_last_seq(self, topic: CID) -> int:
         """The highest sequence number ever given in the log of ``topic``; 0 if none."""

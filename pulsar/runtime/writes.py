@@ -65,6 +65,8 @@ class WriteBehind:
         """Told each topic whose delivery log grew, after the flush that grew it."""
         self._blocks: dict[CID, bytes] = {}
         self._log: dict[CID, list[CID]] = {}
+        self._created: dict[CID, list[int | None]] = {}
+        """Each pending log entry's event creation time (ms), aligned with ``_log``."""
         self._kept: list[tuple[CID, CID]] = []
         self._acks: list[tuple[asyncio.Future[Any], object]] = []
         """Publishes (and new topics) done in the core but not acknowledged yet: their
@@ -94,9 +96,11 @@ class WriteBehind:
         self._blocks[cid] = block
         self._schedule()
 
-    def deliver(self, topic: CID, event: CID) -> None:
-        """Append ``event`` to the delivery log of ``topic`` (with the flush)."""
+    def deliver(self, topic: CID, event: CID, created_ms: int | None = None) -> None:
+        """Append ``event`` (created at ``created_ms``, if known) to the delivery log of
+        ``topic`` (with the flush)."""
         self._log.setdefault(topic, []).append(event)
+        self._created.setdefault(topic, []).append(created_ms)
         self._schedule()
 
     def keep_published(self, topic: CID, event: CID) -> None:
@@ -175,18 +179,20 @@ class WriteBehind:
                 for cid, _ in items:
                     self._blocks.pop(cid, None)
         if self._log and failure is None:
-            pending = self._log
-            self._log = {}
+            pending, created = self._log, self._created
+            self._log, self._created = {}, {}
             now = time.time()
             for topic, cids in pending.items():
+                times = created.get(topic)
                 try:
-                    self._state.log_append(topic, cids, now)
+                    self._state.log_append(topic, cids, now, times)
                     # The heads let a restarted node ask only for what it missed.
                     self._state.set_heads(topic, self._heads(topic))
                 except Exception as exc:
                     log.error("could not log %d deliveries (kept, retried): %s", len(cids), exc)
                     failure = exc
                     self._log.setdefault(topic, [])[:0] = cids
+                    self._created.setdefault(topic, [])[:0] = times or [None] * len(cids)
                     continue
                 logged[topic] = cids
                 if self._retention is not None:

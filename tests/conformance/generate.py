@@ -63,6 +63,8 @@ from pulsar.proto.membership.messages import (
     ViewShuffle,
     ViewShuffleReply,
 )
+from pulsar.proto.reconcile.items import INFINITY, fingerprint_of
+from pulsar.proto.reconcile.messages import Fingerprint, IdList, RBlocks, Recon, RWant
 from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want, heads_digest
 from pulsar.proto.tree.messages import Event, Join, Leave, Ping, Pong, RequestToPublish
 
@@ -249,6 +251,14 @@ def _messages(w: World) -> list[tuple[str, Frame]]:
             w.ids["subscriber"], topic=t, group="billing", name="worker-1",
             inc=int(T0 * 1000), seq=4, since=int(T0 * 1000) + 2000, leaving=True,
             acked=(), hops=6)),
+        ("recon, opening: fingerprints of two ranges", Recon(t, 77, 0, (
+            Fingerprint((0, b""), (int(T0 * 1000), e1.raw), 12, fingerprint_of(12345, 12)),
+            Fingerprint((int(T0 * 1000), e1.raw), INFINITY, 3, fingerprint_of(678, 3))), ())),
+        ("recon, lists: one final, one asking for a reply", Recon(t, 77, 1, (), (
+            IdList((0, b""), (int(T0 * 1000), e1.raw), False, ((e1, 41), (e2, 42))),
+            IdList((int(T0 * 1000), e1.raw), INFINITY, True, ())))),
+        ("rwant", RWant(t, 77, (e1, e2))),
+        ("rblocks, one of two asked for", RBlocks(t, 77, 2, (w.e2.block,))),
     ]
 
 

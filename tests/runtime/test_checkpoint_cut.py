@@ -117,7 +117,7 @@ def test_a_schema_7_database_gains_the_held_checkpoints_table(tmp_path: Path) ->
     holder.records.offer_many([(dht_key(c), b) for c, b in blocks])
     assert holder.held.held(topic) == [checkpoint.cid]
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (10,)
 
 
 def test_a_noted_checkpoint_that_no_longer_parses_loses_its_row_and_nothing_else(

@@ -443,7 +443,7 @@ async def test_a_schema_5_database_gains_the_consumer_tables(env: Env) -> None:
         conn.commit()
     env.open()
     with contextlib.closing(sqlite3.connect(env.path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (10,)
     with pytest.raises(ConsumerNotFound):
         env.info()
     assert env.add().delivered == 0

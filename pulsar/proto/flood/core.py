@@ -126,8 +126,8 @@ class FloodCore:
             case ev.DhtStored():
                 return self._on_stored(event, now)
             case (ev.RecordsFetched() | ev.RecordStored() | ev.Flush() | ev.Start()
-                  | ev.HistoryCut() | ev.CheckpointMade()):
-                return []  # floodsub keeps no heads records and no overlay of its own
+                  | ev.HistoryCut() | ev.CheckpointMade() | ev.Reconciled()):
+                return []  # floodsub keeps no heads records, overlay or backfill
             case ev.Subscribe():
                 return self._on_subscribe(event, now)
             case ev.Unsubscribe():

@@ -7,14 +7,15 @@ into it, never the other way."""
 
 from __future__ import annotations
 
-from dag import CID, PeerId, cid_of
+from dag import CID, EventDescriptor, PeerId, cid_of
 from pulsar.proto import events as ev
 from pulsar.proto.events import Out
 
+from .gap_table import Fetching
 from .gaps import GapFetching
 from .messages import Blocks
 from .state import REPAIR_HOP, Gap, Repaired, RepairOut, Unvouched
-from .timers import RetryFetch, WantTimeout
+from .timers import ReconcileTimeout, RetryFetch, WantTimeout
 
 __all__ = ["Answers"]
 
@@ -38,6 +39,7 @@ class Answers:
         else:
             gap = None  # a late answer: its blocks still count, the request is over
         bad = False
+        taken = 0
         touched: list[Gap] = []
         repaired: list[Repaired] = []
         for block in msg.blocks:
@@ -58,11 +60,15 @@ class Answers:
                 break
             out.append(ev.StoreLocal(cid, block))
             self._gaps.counts["backfilled"] += 1
+            taken += 1
             moved, new = self._gaps.take(f, event, REPAIR_HOP, peer, now, out, fetched=True)
             if new:
                 repaired.append(Repaired(msg.topic, event))
             if moved is not None and moved is not gap:
                 touched.append(moved)
+        if (gap is not None and not gap.closed and not bad and f.reconciling is None
+                and self._gaps.config.reconcile and taken >= self._gaps.config.reconcile_after):
+            self._start_reconciling(f, msg.topic, peer, out)
         if gap is not None and not gap.closed:
             if bad or gap.frontier == msg.head:
                 gap.peer = None  # this peer cannot help with this chain: the DHT can
@@ -71,6 +77,63 @@ class Answers:
             self._gaps.pump(f, other, now, out)
         self._gaps.unpark(f, peer, now, out)
         return [*out, *repaired]
+
+    def _start_reconciling(self, f: Fetching, topic: CID, peer: PeerId, out: Out) -> None:
+        """The gap is deeper than a walk should go: its topic reconciles with ``peer``,
+        and its gaps wait (:meth:`GapFetching.pump` asks nothing while it runs)."""
+        f.reconciling = peer
+        f.reconcile_seq += 1
+        self._gaps.counts["reconciliations"] += 1
+        out.append(ev.Reconcile(topic, peer))
+        out.append(ev.SetTimer(self._gaps.config.reconcile_timeout,
+                               ReconcileTimeout(topic, f.reconcile_seq)))
+
+    def on_reconciled(self, msg: ev.Reconciled, now: float) -> RepairOut:
+        """Blocks a reconciliation fetched, in the peer's delivery order (parents first,
+        so each is normally delivered at once): each is verified and taken in like a
+        backfilled block. The driver passes only blocks whose CIDs the reconciliation
+        found missing here; one that fails verification is skipped (the gaps' walk, once
+        the reconciliation is done, asks for what is still missing)."""
+        f = self._gaps.topics.get(msg.topic)
+        if f is None:
+            return []
+        out: Out = []
+        repaired: list[Repaired] = []
+        order = f.order
+        for block in msg.blocks:
+            cid = cid_of(block)
+            if (cid in order.held or cid in order.settled
+                    or (order.restored and self._gaps.causal.delivered_before(order, cid))):
+                continue
+            event = self._gaps.verify(msg.topic, block)
+            if not isinstance(event, EventDescriptor) or event.cid != cid:
+                self._gaps.counts["reconcile_refused"] += 1
+                continue
+            out.append(ev.StoreLocal(cid, block))
+            self._gaps.counts["reconciled"] += 1
+            _, new = self._gaps.take(f, event, REPAIR_HOP, msg.peer, now, out, fetched=True)
+            if new:
+                repaired.append(Repaired(msg.topic, event))
+        if msg.done and f.reconciling == msg.peer:
+            self._stop_reconciling(f, now, out)
+        return [*out, *repaired]
+
+    def on_reconcile_timeout(self, timer: ReconcileTimeout, now: float) -> Out:
+        f = self._gaps.topics.get(timer.topic)
+        if f is None or f.reconciling is None or timer.seq != f.reconcile_seq:
+            return []
+        self._gaps.counts["reconcile_timeouts"] += 1
+        out: Out = []
+        self._stop_reconciling(f, now, out)
+        return out
+
+    def _stop_reconciling(self, f: Fetching, now: float, out: Out) -> None:
+        """The gaps that waited ask for what is still missing, as they would have."""
+        f.reconciling = None
+        topic = f.order.cid
+        for gap in [g for g in self._gaps.table.by_id.values() if g.topic == topic]:
+            if not gap.closed:
+                self._gaps.pump(f, gap, now, out)
 
     def on_fetched(self, cid: CID, block: bytes | None, now: float) -> RepairOut:
         """The driver's answer to our ``Fetch(cid)`` (``block`` None: nobody had it)."""

@@ -131,7 +131,7 @@ from collections.abc import Callable, Iterable
 from typing import assert_never
 
 from dag import CID, EventDescriptor, PeerId
-from pulsar.proto.events import GapReported, Out
+from pulsar.proto.events import GapReported, Out, Reconciled
 from pulsar.proto.tree.rtt import RttTable
 
 from .answers import Answers
@@ -152,7 +152,15 @@ from .state import (
     Verify,
     event_links,
 )
-from .timers import BackfillTimer, GapTimeout, HeadsTick, RetryFetch, RetryLost, WantTimeout
+from .timers import (
+    BackfillTimer,
+    GapTimeout,
+    HeadsTick,
+    ReconcileTimeout,
+    RetryFetch,
+    RetryLost,
+    WantTimeout,
+)
 
 __all__ = [
     "REPAIR_HOP",
@@ -163,6 +171,7 @@ __all__ = [
     "GapTimeout",
     "HeadsTick",
     "IsDelivered",
+    "ReconcileTimeout",
     "Lookup",
     "Neighbours",
     "RepairOut",
@@ -287,6 +296,12 @@ class Backfill:
         they are what HEADS carries."""
         return self._causal.heads(topic)
 
+    def horizon(self, topic: CID) -> str | None:
+        """Where ``topic``'s history ends for this node (a descriptor timestamp; None: the
+        whole history is delivered): events created before it are not delivered."""
+        order = self._causal.topics.get(topic)
+        return None if order is None else order.horizon
+
     def held(self, topic: CID) -> int:
         return self._causal.held(topic)
 
@@ -328,6 +343,10 @@ class Backfill:
     def on_fetched(self, cid: CID, block: bytes | None, now: float) -> RepairOut:
         return self._answers.on_fetched(cid, block, now)
 
+    def on_reconciled(self, msg: Reconciled, now: float) -> RepairOut:
+        """Blocks a range reconciliation fetched (see :class:`~pulsar.proto.events.Reconcile`)."""
+        return self._answers.on_reconciled(msg, now)
+
     def peer_down(self, peer: PeerId, now: float) -> Out:
         """``peer`` is gone: its WANTs will not be answered, ask the DHT instead."""
         out = self._answers.peer_down(peer, now)
@@ -368,5 +387,7 @@ class Backfill:
                 return self._gaps.on_retry_fetch(timer, now)
             case HeadsTick():
                 return self._exchange.on_tick(timer, now)
+            case ReconcileTimeout():
+                return self._answers.on_reconcile_timeout(timer, now)
             case _:
                 assert_never(timer)

@@ -32,6 +32,10 @@ class Fetching:
     """Heads we could not get or found invalid -> not asked for again until then."""
     lost: OrderedDict[CID, int] = field(default_factory=OrderedDict)
     """Missing events of gaps given up on -> how many times they were asked for again."""
+    reconciling: PeerId | None = None
+    """The peer this topic reconciles with; its gaps wait (see ``BackfillConfig.reconcile``)."""
+    reconcile_seq: int = 0
+    """Names the newest reconciliation's timeout: an older one's is stale."""
 
 
 class GapTable:

@@ -83,7 +83,8 @@ class GapFetching:
         self.counts: dict[str, int] = dict.fromkeys((
             "backfilled", "found_locally", "wants_sent", "want_timeouts", "fetches",
             "gaps_reported", "lost_retried", "heads_unknown", "unvouched",
-            "merges_followed", "duplicates", "rejected"), 0)
+            "merges_followed", "duplicates", "rejected", "reconciliations", "reconciled",
+            "reconcile_refused", "reconcile_timeouts"), 0)
 
     # -- topics
 
@@ -290,6 +291,8 @@ class GapFetching:
     def pump(self, f: Fetching, gap: Gap, now: float, out: Out) -> None:
         """Issue the gap's next request unless one is in flight: the local store first
         (walking back as long as it has the blocks), then a WANT, then the DHT."""
+        if f.reconciling is not None:
+            return  # the reconciliation brings the history in; asked again when it ends
         while not (gap.closed or gap.asked is not None or gap.retry_armed or gap.stalled):
             cid = gap.frontier
             block = self._lookup(cid)
@@ -517,6 +520,9 @@ class GapFetching:
             return []  # closed, or superseded by a timer for a moved deadline
         out: Out = []
         f = self.topics[gap.topic]
+        if f.reconciling is not None:  # held back by design, not lost: wait for it
+            self._arm(gap, gap.patience, out)
+            return out
         if self._inconclusive(f, gap, now, out):
             return out
         if gap.unvouched_since is not None and not gap.stalled:

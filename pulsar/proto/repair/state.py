@@ -184,6 +184,19 @@ class BackfillConfig:
     restart, so the longer look-ahead is paid only where a chain forks off older history,
     and it covers a run of skewed events published while the node was down. The look-ahead
     goes in one WANT (``limit`` the blocks still needed, no ``after``)."""
+    reconcile: bool = False
+    """Whether a gap too deep to walk turns to range reconciliation with the peer whose
+    answer showed it (the :class:`~pulsar.proto.events.Reconcile` output). Off here: only
+    a driver that carries reconciliations out (the node runtime's) may turn it on, or the
+    gaps would wait ``reconcile_timeout`` for nothing."""
+    reconcile_after: int = 128
+    """Blocks a BLOCKS answer must bring, without its chain reaching what this node
+    holds, for the gap to count as too deep to walk: a node back after missing this many
+    events catches up by ranges (a few round trips whatever it missed) instead of one
+    WANT round trip per ``want_limit`` blocks."""
+    reconcile_timeout: float = 120.0
+    """The longest a topic's gaps wait for a reconciliation the driver did not report
+    done; then they walk as before."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.want_limit <= MAX_WANT_LIMIT:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from dag import CID, PeerId
 
-__all__ = ["BackfillTimer", "GapTimeout", "HeadsTick", "RetryFetch", "RetryLost", "WantTimeout"]
+__all__ = ["BackfillTimer", "GapTimeout", "HeadsTick", "ReconcileTimeout", "RetryFetch",
+           "RetryLost", "WantTimeout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,4 +52,13 @@ class HeadsTick:
     seq: int
 
 
-BackfillTimer = GapTimeout | WantTimeout | RetryFetch | RetryLost | HeadsTick
+@dataclass(frozen=True, slots=True)
+class ReconcileTimeout:
+    """A reconciliation of ``topic`` asked for with ``seq`` was not reported done in
+    time: its gaps stop waiting for it."""
+
+    topic: CID
+    seq: int
+
+
+BackfillTimer = GapTimeout | WantTimeout | RetryFetch | RetryLost | HeadsTick | ReconcileTimeout

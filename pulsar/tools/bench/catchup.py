@@ -1,32 +1,43 @@
-"""``pulsarcast bench catchup``: how a node that was away catches up with a topic.
+"""``pulsarcast bench catchup``: how a node that was away catches up with a topic, by
+walking the DAG back (backfill) and by range reconciliation, in the same run.
 
-Three real nodes in one process (UDP DHT, TCP transport, SQLite on disk, loopback): node 0
-creates a topic, nodes 1 and 2 subscribe. Node 0 publishes ``events`` x (1 - ``missed``)
-events (1 KiB of DAG-CBOR each: a 900-byte payload, signature and links), which both
-subscribers deliver; node 2 stops; node 0 publishes the other ``events`` x ``missed``, which
-node 1 delivers; then node 2 starts again on its data directory and catches up. The
-catch-up is what it does today: it rejoins the tree, learns the heads from its parent's
-JOINED and the heads records, and walks the missed chain back in WANT batches of up to 512
-blocks (docs/protocol.md §5).
+Four real nodes in one process (UDP DHT, TCP transport, SQLite on disk, loopback): node 0
+creates a topic, nodes 1, 2 and 3 subscribe. Node 0 publishes ``events`` x (1 -
+``missed``) events (1 KiB of DAG-CBOR each: a 900-byte payload, signature and links), which
+every subscriber delivers; nodes 2 and 3 stop; node 0 publishes the other ``events`` x
+``missed``, which node 1 delivers. Then, one after the other (the other still away), each
+starts again on its data directory and catches up:
 
-Figures, for node 2 from the moment ``Node.start`` is called:
+* **walk** (the baseline, ``NodeConfig.reconcile=False``): it rejoins the tree, learns the
+  heads from its parent's JOINED, and walks the missed chain back in WANT batches of up to
+  512 blocks, one round trip each (docs/protocol.md §5);
+* **reconcile** (the default): the same, until the first WANT answer shows the gap is deep
+  (``reconcile_after`` blocks); then RECON rounds with that neighbour find every missing
+  event and RWANTs fetch them in its delivery order, four requests in flight
+  (docs/protocol.md §12).
+
+The two differ in that setting alone. ``--order reconcile-first`` swaps which comes back
+first (the second finds its neighbours' caches warm).
+
+Figures, for each, from the moment ``Node.start`` returns (the DHT bootstrapped and the
+subscription resumed: the catch-up begins then; ``start_s``, the time ``Node.start`` took,
+is printed apart — about 1 s here, a bootstrap RPC to the other away node timing out):
 
 * ``catchup_s`` — until its delivery log holds every event, checked to be in causal order
   (each event after its parent); ``first_event_s`` — until the first missed event is
-  delivered; ``catchup_events_per_s`` — missed events ÷ ``catchup_s``;
+  delivered;
 * ``bytes_received`` — transport payload bytes it received (every frame: events, BLOCKS,
-  HEADS, membership; not TCP/IP, Noise or frame headers) plus the DHT datagrams' bytes;
-  ``missed_bytes`` — the missed events' own blocks; ``bytes_ratio`` the first over the
-  second;
-* ``cpu_s`` — the process's CPU time over the catch-up (all three nodes share the process;
-  nodes 0 and 1 mostly answer), and the repair counters that explain the time
-  (``wants_sent``, ``fetches``, ``backfilled``, ``found_locally``).
+  RECON, RBLOCKS, HEADS, membership; not TCP/IP, Noise or frame headers) plus the DHT
+  datagrams' bytes; ``missed_bytes`` — the missed events' own blocks; ``bytes_ratio`` the
+  first over the second;
+* ``cpu_s`` — the process's CPU time over the catch-up (all four nodes share the process;
+  the others mostly answer), and the counters that explain the time.
 
-With ``link_ms`` (``--link-ms``) every frame a node sends waits that long first, so a
-round trip takes twice it, as between distant machines. Filling the topic is not
-measured. The figures a user would compare with a faster design are ``catchup_s`` and
-``bytes_ratio``, at two or three sizes (``--events``).
+``speedup`` is the walk's ``catchup_s`` over reconciliation's. With ``link_ms``
+(``--link-ms``) every frame a node sends waits that long first, so a round trip takes
+twice it, as between distant machines. Filling the topic is not measured.
 """
+
 
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +63,11 @@ __all__ = ["bench_catchup"]
 PAYLOAD = 900
 WINDOW = 64
 """Publishes in flight while the topic is filled."""
+COUNTERS = ("wants_sent", "fetches", "backfilled", "found_locally", "heads_unknown",
+            "gaps_reported", "duplicates", "reconciliations", "reconciled",
+            "reconcile_rounds", "reconcile_missing", "reconcile_fetched", "reconcile_refused",
+            "reconcile_timeouts")
+"""The repair and reconciliation counters that explain a catch-up's time."""
 
 
 def _say(message: str) -> None:
@@ -99,13 +116,47 @@ async def _log_in_causal_order(node: Node, topic: CID) -> tuple[list[CID], int]:
     return order, early
 
 
+async def _back(config: NodeConfig, seed: tuple[str, int], reconcile: bool, topic: CID,
+                events: int, before: int, timeout: float) -> tuple[Node, dict[str, Any]]:
+    """Start an away node again and time its catch-up."""
+    begin = time.perf_counter()
+    node = await Node.start(replace(config, bootstrap=(seed,), reconcile=reconcile))
+    start_s = time.perf_counter() - begin
+    if node.last_position(topic) != before:
+        raise RuntimeError("the node caught up before Node.start returned: not measured")
+    cpu = time.process_time()
+    start = time.perf_counter()
+    first_s = await _until(node, topic, before + 1, timeout)
+    await _until(node, topic, events, timeout)
+    catchup_s = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu
+    received = _received(node)
+    order, early = await _log_in_causal_order(node, topic)
+    if len(order) != events or len(set(order)) != events:
+        raise RuntimeError(f"the log holds {len(order):,} events ({len(set(order)):,} "
+                           f"distinct), {events:,} published")
+    metrics = node.metrics
+    return node, {
+        "catchup_s": round(catchup_s, 3),
+        "start_s": round(start_s, 3),
+        "first_event_s": round(first_s, 3),
+        "catchup_events_per_s": round((events - before) / catchup_s, 1),
+        "bytes_received": received,
+        "delivered_before_parent": early,
+        "cpu_s": round(cpu_s, 2),
+        **{name: metrics.get(name, 0) for name in COUNTERS},
+    }
+
+
 async def bench_catchup(events: int = 100_000, missed: float = 0.1, link_ms: float = 0.0,
-                        timeout: float = 1800.0) -> dict[str, Any]:
+                        timeout: float = 1800.0, order: str = "walk-first") -> dict[str, Any]:
     """Run the benchmark; figures as described in the module docstring. ``link_ms`` delays
     every frame every node sends by that much (the transport's fault injector; DHT
     datagrams are not delayed), so a round trip between nodes takes twice it."""
     if not 0 < missed < 1:
         raise ValueError("missed must be between 0 and 1")
+    if order not in ("walk-first", "reconcile-first"):
+        raise ValueError("order must be walk-first or reconcile-first")
     away = max(1, round(events * missed))
     before = events - away
     load_before = os.getloadavg()[0]
@@ -119,61 +170,50 @@ async def bench_catchup(events: int = 100_000, missed: float = 0.1, link_ms: flo
                                         dht=DhtConfig(rpc_timeout=1.0), faults=faults)
             return configs[index]
 
-        nodes = await _start_network(root, 3, config)
+        nodes = await _start_network(root, 4, config)
         try:
-            author, stays, leaves = nodes
+            author, stays = nodes[0], nodes[1]
             topic = (await author.create_topic("bench/catchup")).cid
-            for node in (stays, leaves):
+            for node in nodes[1:]:
                 await node.subscribe(topic)
             await _settle(nodes, topic)
-            _say(f"filling {before:,} events that both subscribers deliver")
+            _say(f"filling {before:,} events that every subscriber delivers")
             await _publish(author, topic, before, 0)
-            await _until(leaves, topic, before, timeout)
-            await _until(stays, topic, before, timeout)
-            await leaves.stop()
-            _say(f"node 2 away; publishing the {away:,} events it misses")
+            for node in nodes[1:]:
+                await _until(node, topic, before, timeout)
+            await nodes[2].stop()
+            await nodes[3].stop()
+            _say(f"nodes 2 and 3 away; publishing the {away:,} events they miss")
             await _publish(author, topic, away, before)
             await _until(stays, topic, events, timeout)
             missed_bytes = 0
             async for event in stays.history(topic, since=before):
                 missed_bytes += len(event.block)
-            _say("node 2 back: catching up")
-            cpu = time.process_time()
-            start = time.perf_counter()
-            back = await Node.start(NodeConfig(data_dir=configs[2].data_dir,
-                                               bootstrap=(author.address,),
-                                               dht=DhtConfig(rpc_timeout=1.0),
-                                               faults=configs[2].faults))
-            nodes[2] = back
-            first_s = time.perf_counter() - start + await _until(back, topic, before + 1,
-                                                                  timeout)
-            await _until(back, topic, events, timeout)
-            catchup_s = time.perf_counter() - start
-            cpu_s = time.process_time() - cpu
-            received = _received(back)
-            order, early = await _log_in_causal_order(back, topic)
-            if len(order) != events or len(set(order)) != events:
-                raise RuntimeError(f"node 2's log holds {len(order):,} events "
-                                   f"({len(set(order)):,} distinct), {events:,} published")
-            metrics = back.metrics
-            _say(f"caught up {away:,} events in {catchup_s:.2f} s (first after "
-                 f"{first_s:.2f} s), {received / missed_bytes:.2f}x their bytes")
+            figures: dict[str, dict[str, Any]] = {}
+            modes = [("walk", 2, False), ("reconcile", 3, True)]
+            if order == "reconcile-first":
+                modes.reverse()
+            for name, index, reconcile in modes:
+                _say(f"node {index} back ({name}): catching up")
+                nodes[index], figures[name] = await _back(
+                    configs[index], author.address, reconcile, topic, events, before, timeout)
+                figures[name]["bytes_ratio"] = round(
+                    figures[name]["bytes_received"] / missed_bytes, 3)
+                _say(f"  {name}: {away:,} events in {figures[name]['catchup_s']:.2f} s, "
+                     f"{figures[name]['bytes_ratio']:.3f}x their bytes")
+                await nodes[index].stop()
+            walk, recon = figures["walk"], figures["reconcile"]
             return {
                 "benchmark": "catchup",
                 "events": events,
                 "missed_events": away,
-                "link_ms": link_ms,
-                "catchup_s": round(catchup_s, 3),
-                "first_event_s": round(first_s, 3),
-                "catchup_events_per_s": round(away / catchup_s, 1),
-                "bytes_received": received,
                 "missed_bytes": missed_bytes,
-                "bytes_ratio": round(received / missed_bytes, 3),
-                "delivered_before_parent": early,
-                "cpu_s": round(cpu_s, 2),
-                **{name: metrics.get(name, 0) for name in (
-                    "wants_sent", "fetches", "backfilled", "found_locally", "heads_unknown",
-                    "gaps_reported", "duplicates")},
+                "link_ms": link_ms,
+                "order": order,
+                "walk": walk,
+                "reconcile": recon,
+                "speedup": round(walk["catchup_s"] / recon["catchup_s"], 2),
+                "bytes_ratio": recon["bytes_ratio"],
                 "load_average_before": round(load_before, 2),
                 "load_average_after": round(os.getloadavg()[0], 2),
             }

@@ -120,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
         from pulsar.tools.bench.catchup import bench_catchup
 
         _print_json(run_loop(bench_catchup(events=args.events or 100_000,
-                                           link_ms=args.link_ms or 0.0)))
+                                           link_ms=args.link_ms or 0.0, order=args.order)))
         return 0
     if args.name == "consumers":
         from pulsar.tools.bench.consumers import bench_consumers
@@ -197,6 +197,9 @@ def add_bench(sub: Any) -> None:
                        help="uplink of every node, Mbit/s (large: 50)")
     bench.add_argument("--link-ms", type=float, default=None,
                        help="one-way link latency, ms (large: 100; catchup: 0)")
+    bench.add_argument("--order", choices=["walk-first", "reconcile-first"],
+                       default="walk-first",
+                       help="catchup: which of the two away nodes comes back first")
     bench.add_argument("--sim", action="store_true",
                        help="large: run the workload in the simulator (default 1000 nodes)")
     bench.set_defaults(handler=run_bench)

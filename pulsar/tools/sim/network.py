@@ -431,6 +431,8 @@ class SimNetwork:
                     node.rejected.append(out.reason)
                 case ev.GapReported():
                     node.gaps.append(out)
+                case ev.Reconcile():  # not simulated: the gaps walk on at once
+                    self.input(node.peer_id, ev.Reconciled(out.peer, out.topic, (), True), 0.0)
                 case _:
                     assert_never(out)
 
