@@ -42,7 +42,7 @@ from pulsar.proto.gossip.messages import Graft, IHave, Prune, Shuffle
 from pulsar.proto.gossip.plumtree import Plumtree, PlumtreeConfig
 from pulsar.proto.membership import messages as hv
 from pulsar.proto.membership.overlay import Membership, MembershipConfig
-from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Repaired, Unvouched
+from pulsar.proto.repair.backfill import UNVOUCHED, Backfill, BackfillConfig, Repaired, Verdict
 from pulsar.proto.repair.messages import Blocks, Heads, HeadsDigest, Joined, Want
 from pulsar.proto.topic.dissemination import Accepted, Dissemination, FlowOut, Park
 from pulsar.proto.topic.edges import TreeEdges
@@ -583,9 +583,9 @@ class PulsarCore:
             out += self._life(self.life.meta_fetched(cid, block), now)
         return out
 
-    def _verify_backfilled(self, topic: CID, block: bytes) -> EventDescriptor | Unvouched | None:
-        """The repair room's check of a fetched block: everything ``_on_event`` checks
-        (:data:`UNVOUCHED`: refused only until a walk from a recorded head vouches for it)."""
+    def _verify_backfilled(self, topic: CID, block: bytes | EventDescriptor) -> Verdict:
+        """The repair room's check of a fetched block (or parsed event): what ``_on_event``
+        checks (:data:`UNVOUCHED`: refused until a walk from a recorded head vouches)."""
         tree = self._trees.get(topic)
         verdict = None if tree is None else self.publisher.judge_block(tree, block)
         return UNVOUCHED if verdict == "unvouched" else verdict

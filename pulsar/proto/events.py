@@ -305,14 +305,16 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Reconciled:
-    """Blocks of ``topic`` that a range reconciliation with ``peer`` found missing here
-    (see :class:`Reconcile`), in the peer's delivery order: each is verified like a
-    backfilled block and taken in. ``done``: the reconciliation is over (whatever it
+    """Events of ``topic`` that a range reconciliation with ``peer`` found missing here
+    (see :class:`Reconcile`), in the peer's delivery order. The driver parsed each block
+    and checked its CID and signatures (on another thread: libsodium runs without the
+    interpreter lock); the core judges the rest (topic, lineage, rights) as for a
+    backfilled block and takes them in. ``done``: the reconciliation is over (whatever it
     fetched or not), so the topic's gaps ask for what is still missing as usual."""
 
     peer: PeerId
     topic: CID
-    blocks: tuple[bytes, ...]
+    events: tuple[EventDescriptor, ...]
     done: bool = False
 
 

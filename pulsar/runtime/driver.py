@@ -162,7 +162,7 @@ class Driver:
         backfill = self.core.backfill if isinstance(self.core, PulsarCore) else None
         self.reconciler = Reconciler(
             state, self.writes.local_block, self.writes.flush, self._send,
-            self._handle_unless_stopped,
+            self._handle_unless_stopped, self.spawn,
             (lambda t, c: False) if backfill is None else backfill.known,
             (lambda t: None) if backfill is None else backfill.horizon, self._topic_links,
             self.counters)

@@ -21,11 +21,11 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
-from dag import CID, EventDescriptor, PeerId, cid_of
+from dag import CID, EventDescriptor, InvalidDescriptor, PeerId, cid_of
 from dag.descriptor_wire import parse_timestamp
 from pulsar.proto import events as ev
 from pulsar.proto.codec import Frame
@@ -75,6 +75,9 @@ class _Asking:
     queue: deque[CID] = field(default_factory=deque)
     asked: deque[list[CID]] = field(default_factory=deque)
     fetching: bool = False
+    inbox: asyncio.Queue[list[tuple[CID, bytes]] | None] = field(
+        default_factory=asyncio.Queue)
+    """Answers' blocks waiting to be parsed and handed to the core, in order; None ends."""
 
 
 @dataclass(slots=True)
@@ -94,6 +97,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
     def __init__(self, state: NodeState, local_block: Callable[[CID], bytes | None],
                  flush: Callable[[], None], send: Callable[[PeerId, Frame], None],
                  handle: Callable[[ev.InEvent], None],
+                 spawn: Callable[[Coroutine[Any, Any, None]], object],
                  known: Callable[[CID, CID], bool], horizon: Callable[[CID], str | None],
                  linked: Callable[[CID], set[PeerId]], counters: dict[str, int]) -> None:
         self._state = state
@@ -101,6 +105,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
         self._flush = flush
         self._send = send
         self._handle = handle
+        self._spawn = spawn
         self._known = known
         self._horizon = horizon
         self._linked = linked
@@ -125,6 +130,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
         session = secrets.randbits(32)
         asking = _Asking(topic, peer, session, index, time.monotonic())
         self._asking[(peer, session)] = asking
+        self._spawn(self._hand_over(asking))
         self.counts["reconcile_sessions"] += 1
         step = opening(index, lo, INFINITY)
         self._send(peer, Recon(topic, session, 0, tuple(step.fps), tuple(step.ids)))
@@ -167,7 +173,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
         asking.heard = time.monotonic()
         asked = asking.asked.popleft()
         settled, rest = asked[:msg.n], asked[msg.n:]
-        blocks: list[bytes] = []
+        blocks: list[tuple[CID, bytes]] = []
         at = 0
         for block in msg.blocks:
             cid = cid_of(block)
@@ -175,22 +181,34 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
                 at += 1
             if at == len(settled):  # not asked for, or out of order: a faulty answer
                 self.counts["reconcile_refused"] += 1
-                self._handle(ev.Reconciled(asking.peer, asking.topic, tuple(blocks)))
+                asking.inbox.put_nowait(blocks)
                 self._end(asking)
                 return
-            blocks.append(block)
+            blocks.append((cid, block))
             at += 1
         self.counts["reconcile_fetched"] += len(blocks)
         asking.queue.extendleft(reversed(rest))
         if msg.n == 0:  # the peer cannot send even one: the walk takes over
             asking.queue.clear()
-        self._handle(ev.Reconciled(asking.peer, asking.topic, tuple(blocks)))
-        if (asking.peer, asking.session) in self._asking:
-            self._pump(asking)
+        asking.inbox.put_nowait(blocks)
+        self._pump(asking)
+
+    async def _hand_over(self, asking: _Asking) -> None:
+        """Parse each answer's blocks and check their signatures on a worker thread (the
+        parsing holds the interpreter lock, libsodium's checks do not: they run beside
+        the event loop on the second core), then hand the events to the core in the order
+        they were asked for; last, tell it the session is done."""
+        try:
+            while (blocks := await asking.inbox.get()) is not None:
+                events = await asyncio.to_thread(_parse, blocks)
+                self.counts["reconcile_refused"] += len(blocks) - len(events)
+                self._handle(ev.Reconciled(asking.peer, asking.topic, tuple(events)))
+        finally:
+            self._handle(ev.Reconciled(asking.peer, asking.topic, (), done=True))
 
     def _end(self, asking: _Asking) -> None:
         if self._asking.pop((asking.peer, asking.session), None) is not None:
-            self._handle(ev.Reconciled(asking.peer, asking.topic, (), done=True))
+            asking.inbox.put_nowait(None)
 
     # ------------------------------------------------------------------ answering
 
@@ -301,3 +319,14 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
 
     def stop(self) -> None:
         self._asking.clear()
+
+
+def _parse(blocks: list[tuple[CID, bytes]]) -> list[EventDescriptor]:
+    """The blocks that parse as events whose CIDs and signatures check (a worker thread)."""
+    events = []
+    for cid, block in blocks:
+        try:
+            events.append(EventDescriptor.from_block(block, cid))
+        except InvalidDescriptor:
+            continue
+    return events

@@ -97,11 +97,12 @@ def _long_chain(n: int) -> tuple[EventDescriptor, ...]:
 def _verifier(topic: TopicDescriptor = TOPIC) -> Verify:
     """What the core passes: parse and verify the block, check its topic and rights."""
 
-    def verify(tree: CID, block: bytes) -> EventDescriptor | None:
+    def verify(tree: CID, block: bytes | EventDescriptor) -> EventDescriptor | None:
         if tree != topic.cid:
             return None
         try:
-            event = EventDescriptor.from_block(block)
+            event = block if isinstance(block, EventDescriptor) else EventDescriptor.from_block(
+                block)
             if event.topic != topic.cid:
                 return None
             check_rights(event, topic)

@@ -211,7 +211,7 @@ class Publisher:
         return isinstance(self.judge_block(tree, block), EventDescriptor)
 
     def judge_block(
-        self, tree: Tree, block: bytes
+        self, tree: Tree, block: bytes | EventDescriptor
     ) -> EventDescriptor | Literal["unvouched"] | None:
         """``block`` checked as an event of ``tree`` (see
         :meth:`~pulsar.proto.versions.adoption.Adoption.verify`); its publisher is noted

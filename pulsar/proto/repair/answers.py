@@ -89,27 +89,28 @@ class Answers:
                                ReconcileTimeout(topic, f.reconcile_seq)))
 
     def on_reconciled(self, msg: ev.Reconciled, now: float) -> RepairOut:
-        """Blocks a reconciliation fetched, in the peer's delivery order (parents first,
-        so each is normally delivered at once): each is verified and taken in like a
-        backfilled block. The driver passes only blocks whose CIDs the reconciliation
-        found missing here; one that fails verification is skipped (the gaps' walk, once
-        the reconciliation is done, asks for what is still missing)."""
+        """Events a reconciliation fetched, in the peer's delivery order (parents first,
+        so each is normally delivered at once): each is judged and taken in like a
+        backfilled block. The driver passes only events whose CIDs the reconciliation
+        found missing here, parsed and signature-checked; one that fails the rest of the
+        check is skipped (the gaps' walk, once the reconciliation is done, asks for what
+        is still missing)."""
         f = self._gaps.topics.get(msg.topic)
         if f is None:
             return []
         out: Out = []
         repaired: list[Repaired] = []
         order = f.order
-        for block in msg.blocks:
-            cid = cid_of(block)
+        for parsed in msg.events:
+            cid = parsed.cid
             if (cid in order.held or cid in order.settled
                     or (order.restored and self._gaps.causal.delivered_before(order, cid))):
                 continue
-            event = self._gaps.verify(msg.topic, block)
-            if not isinstance(event, EventDescriptor) or event.cid != cid:
+            event = self._gaps.verify(msg.topic, parsed)
+            if not isinstance(event, EventDescriptor):
                 self._gaps.counts["reconcile_refused"] += 1
                 continue
-            out.append(ev.StoreLocal(cid, block))
+            out.append(ev.StoreLocal(cid, event.block))
             self._gaps.counts["reconciled"] += 1
             _, new = self._gaps.take(f, event, REPAIR_HOP, msg.peer, now, out, fetched=True)
             if new:

@@ -149,6 +149,7 @@ from .state import (
     Repaired,
     RepairOut,
     Unvouched,
+    Verdict,
     Verify,
     event_links,
 )
@@ -179,6 +180,7 @@ __all__ = [
     "RetryFetch",
     "UNVOUCHED",
     "Unvouched",
+    "Verdict",
     "Verify",
     "WantTimeout",
     "event_links",

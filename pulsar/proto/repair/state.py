@@ -37,6 +37,7 @@ __all__ = [
     "Neighbours",
     "UNVOUCHED",
     "Unvouched",
+    "Verdict",
     "Verify",
     "bounded_put",
     "event_links",
@@ -73,12 +74,16 @@ class Unvouched:
 
 
 UNVOUCHED: Final = Unvouched()
+Verdict = EventDescriptor | Unvouched | None
+"""What :data:`Verify` says of a block."""
 
-Verify = Callable[[CID, bytes], EventDescriptor | Unvouched | None]
+Verify = Callable[[CID, bytes | EventDescriptor], Verdict]
 """``verify(tree topic, block)``: the event if the block is a valid event of that tree
 (CID, canonical schema, signatures, topic lineage, publishing rights), :data:`UNVOUCHED`
 (see there), else None. None means *invalid for good*: the gap it was meant to fill is
-dropped at once."""
+dropped at once. Given an :class:`EventDescriptor` instead of a block, the event was
+parsed and its signatures checked by the driver (off the event loop): the rest is
+judged."""
 IsDelivered = Callable[[CID, CID], bool]
 """``is_delivered(tree topic, event cid)``: the durable delivery log, asked only for CIDs
 that fell out of memory (parents at a gap's start, heads from neighbours)."""

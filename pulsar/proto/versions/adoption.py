@@ -147,15 +147,19 @@ class Adoption:
         return problem
 
     def verify(
-        self, tree: TopicDescriptor, block: bytes
+        self, tree: TopicDescriptor, block: bytes | EventDescriptor
     ) -> EventDescriptor | Literal["unvouched"] | None:
         """A block fetched for the tree of ``tree``, checked as an event that came down
         the tree would be. ``"unvouched"``: refused only because nothing vouches for it
-        yet (a walk from a recorded head may still reach it); None: refused."""
-        try:
-            event = EventDescriptor.from_block(block)
-        except InvalidDescriptor:
-            return None
+        yet (a walk from a recorded head may still reach it); None: refused. An event
+        already parsed (its CID, schema and signatures checked) is judged from there."""
+        if isinstance(block, EventDescriptor):
+            event = block
+        else:
+            try:
+                event = EventDescriptor.from_block(block)
+            except InvalidDescriptor:
+                return None
         if self.versions.get(event.topic) is None:
             return None
         if self.judge(tree, event) is not None:
