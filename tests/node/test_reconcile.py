@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 from dag import CID
 from pulsar import Node
+from pulsar.config import NodeConfig
+from pulsar.net.faults import FaultInjector
 from pulsar.proto.reconcile.items import INFINITY
 from pulsar.proto.reconcile.messages import Fingerprint, RBlocks, Recon, RWant
 from tests.waiting import eventually
@@ -109,3 +112,46 @@ async def test_only_a_neighbour_in_the_topic_is_answered(network: Network) -> No
     author_driver.reconciler.on_frame(member.peer_id, RWant(topic, 5, tuple(listed[:3])))
     blocks = [m for p, m in sent if isinstance(m, RBlocks)]
     assert len(blocks) == 1 and blocks[0].n == 3 and len(blocks[0].blocks) == 3
+
+
+class _Partitionable(Network):
+    """Every node's transport asks one fault injector, which a test partitions and heals."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.faults = FaultInjector(seed=1)
+
+    def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
+        return replace(super().config(index, bootstrap), faults=self.faults)
+
+
+async def test_a_healed_partition_is_caught_up_by_reconciliation(tmp_path: Path) -> None:
+    """Two subscribers cut off from the publisher's side while it publishes 700 events
+    get every one after the partition heals — the first event after the heal reveals the
+    gap, and it is too deep to walk — in causal order, once."""
+    net = _Partitionable(tmp_path)
+    try:
+        author, near, far, farther = await net.start(4)
+        topic = (await author.create_topic("catch/heal")).cid
+        for node in (near, far, farther):
+            await node.subscribe(topic)
+        await _publish(author, topic, 20, "before")
+        await eventually(lambda: all(n.last_position(topic) == 20
+                                     for n in (near, far, farther)))
+        net.faults.partition([[author.peer_id, near.peer_id],
+                              [far.peer_id, farther.peer_id]])
+        await _publish(author, topic, 700, "during")
+        await eventually(lambda: near.last_position(topic) == 720)
+        assert far.last_position(topic) < 720 and farther.last_position(topic) < 720
+        net.faults.heal()
+        await _publish(author, topic, 5, "after")
+        await eventually(lambda: all(n.last_position(topic) == 725
+                                     for n in (near, far, farther)), timeout=60)
+        expected = set(await _causal_log(near, topic))
+        for node in (far, farther):
+            assert set(await _causal_log(node, topic)) == expected
+            assert node.metrics["gaps_reported"] == 0
+        assert far.metrics["reconciliations"] + farther.metrics["reconciliations"] >= 1
+        assert far.metrics["reconciled"] + farther.metrics["reconciled"] > 0
+    finally:
+        await net.close()
