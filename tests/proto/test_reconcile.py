@@ -256,3 +256,12 @@ def test_without_reconcile_the_deep_gap_walks_on() -> None:
     assert not [o for o in out if isinstance(o, ev.Reconcile)]
     wants = [o.message for o in out if isinstance(o, ev.Send)]
     assert [w.head for w in wants if isinstance(w, Want)] == [chain[199].cid]
+
+
+def test_a_deep_gap_of_large_blocks_turns_to_reconciliation_by_their_bytes() -> None:
+    _, _, out = _deep_gap(BackfillConfig(reconcile=True, reconcile_after=10_000,
+                                         reconcile_after_bytes=200 * 150))
+    assert ev.Reconcile(TID, PEER) in out  # 200 blocks of ~150+ bytes: past the bytes
+    _, _, out = _deep_gap(BackfillConfig(reconcile=True, reconcile_after=10_000,
+                                         reconcile_after_bytes=10**9))
+    assert not [o for o in out if isinstance(o, ev.Reconcile)]

@@ -39,7 +39,7 @@ class Answers:
         else:
             gap = None  # a late answer: its blocks still count, the request is over
         bad = False
-        taken = 0
+        taken = taken_bytes = 0
         touched: list[Gap] = []
         repaired: list[Repaired] = []
         for block in msg.blocks:
@@ -61,13 +61,16 @@ class Answers:
             out.append(ev.StoreLocal(cid, block))
             self._gaps.counts["backfilled"] += 1
             taken += 1
+            taken_bytes += len(block)
             moved, new = self._gaps.take(f, event, REPAIR_HOP, peer, now, out, fetched=True)
             if new:
                 repaired.append(Repaired(msg.topic, event))
             if moved is not None and moved is not gap:
                 touched.append(moved)
+        config = self._gaps.config
         if (gap is not None and not gap.closed and not bad and f.reconciling is None
-                and self._gaps.config.reconcile and taken >= self._gaps.config.reconcile_after):
+                and config.reconcile and (taken >= config.reconcile_after
+                                          or taken_bytes >= config.reconcile_after_bytes)):
             self._start_reconciling(f, msg.topic, peer, out)
         if gap is not None and not gap.closed:
             if bad or gap.frontier == msg.head:

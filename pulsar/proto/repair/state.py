@@ -199,6 +199,10 @@ class BackfillConfig:
     holds, for the gap to count as too deep to walk: a node back after missing this many
     events catches up by ranges (a few round trips whatever it missed) instead of one
     WANT round trip per ``want_limit`` blocks."""
+    reconcile_after_bytes: int = 256 * 1024
+    """The same in block bytes: an answer of large blocks stops at its byte budget long
+    before ``reconcile_after`` blocks (64 blocks of 8 KiB fill 512 KiB), and its walk is
+    the slowest of all."""
     reconcile_timeout: float = 120.0
     """The longest a topic's gaps wait for a reconciliation the driver did not report
     done; then they walk as before."""
