@@ -259,14 +259,17 @@ class NodeState:
         with self._store.connection() as conn:
             return conn.execute(sql, params).fetchall()
 
-    def log_items(self, topic: CID, limit: int) -> list[tuple[int | None, bytes, int]]:
-        """The newest ``limit`` entries of ``topic``'s log as ``(created_ms, event CID
-        bytes, seq)`` (``created_ms`` None for entries logged before schema 10): what range
-        reconciliation indexes."""
+    def log_items(self, topic: CID, *, after: int = 0, before: int | None = None,
+                  limit: int) -> list[tuple[int | None, bytes, int]]:
+        """Entries of ``topic``'s log with ``after < seq < before``, newest first, at most
+        ``limit``, as ``(created_ms, event CID bytes, seq)`` (``created_ms`` None for
+        entries logged before schema 10): what range reconciliation indexes."""
         with self._store.connection() as conn:
             rows = conn.execute("SELECT created_ms, event, seq FROM delivery_log "
-                                "WHERE topic = ? ORDER BY seq DESC LIMIT ?",
-                                (topic.raw, limit)).fetchall()
+                                "WHERE topic = ? AND seq > ? AND seq < ? "
+                                "ORDER BY seq DESC LIMIT ?",
+                                (topic.raw, after, 2**62 if before is None else before,
+                                 limit)).fetchall()
         return [(ms, bytes(raw), int(seq)) for ms, raw, seq in rows]
 
     def log_set_created(self, topic: CID, created: Sequence[tuple[int, int]]) -> None:

@@ -49,8 +49,10 @@ ROUND_TIMEOUT: Final = 10.0
 """A session whose peer answered nothing this long ends (the gaps walk on)."""
 MAX_NEED: Final = 500_000
 """Most missing events one session collects; the rest are left to the next one."""
-INDEX_REFRESH: Final = 1.0
-"""A topic's index, stale since an append, is rebuilt at most this often."""
+INDEX_MAX_AGE: Final = 600.0
+"""A topic's index is rebuilt from the log this often (between, it only takes in appends)."""
+INDEX_PAGE: Final = 20_000
+"""Log entries read per loop turn while an index is built."""
 INDEXES: Final = 8
 """Topic indexes kept in memory."""
 INDEX_LIMIT: Final = 1_000_000
@@ -78,11 +80,15 @@ class _Asking:
     inbox: asyncio.Queue[list[tuple[CID, bytes]] | None] = field(
         default_factory=asyncio.Queue)
     """Answers' blocks waiting to be parsed and handed to the core, in order; None ends."""
+    superseded: bool = False
+    """A newer session of the topic replaced it: its end is not the core's business."""
 
 
 @dataclass(slots=True)
 class _Cached:
     index: ItemIndex
+    last_seq: int
+    """The newest log position the index holds."""
     built: float
     stale: bool = False
 
@@ -97,7 +103,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
     def __init__(self, state: NodeState, local_block: Callable[[CID], bytes | None],
                  flush: Callable[[], None], send: Callable[[PeerId, Frame], None],
                  handle: Callable[[ev.InEvent], None],
-                 spawn: Callable[[Coroutine[Any, Any, None]], object],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
                  known: Callable[[CID, CID], bool], horizon: Callable[[CID], str | None],
                  linked: Callable[[CID], set[PeerId]], counters: dict[str, int]) -> None:
         self._state = state
@@ -111,6 +117,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
         self._linked = linked
         self._asking: dict[tuple[PeerId, int], _Asking] = {}
         self._indexes: OrderedDict[CID, _Cached] = OrderedDict()
+        self._building: dict[CID, asyncio.Task[Any]] = {}
         self._buckets: dict[PeerId, tuple[float, float]] = {}
         self.counts = counters
         for name in ("reconcile_sessions", "reconcile_rounds", "reconcile_missing",
@@ -120,14 +127,25 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
     # ------------------------------------------------------------------ asking
 
     def start(self, topic: CID, peer: PeerId) -> None:
-        """The core's :class:`~pulsar.proto.events.Reconcile`: open a session."""
+        """The core's :class:`~pulsar.proto.events.Reconcile`: open a session (once the
+        topic's index is ready)."""
         for key, old in list(self._asking.items()):
             if old.topic == topic:  # superseded: the core no longer waits for it
                 del self._asking[key]
-        index = self._index(topic)
+                old.superseded = True
+                old.inbox.put_nowait(None)
+        self._spawn(self._open(topic, peer))
+
+    async def _open(self, topic: CID, peer: PeerId) -> None:
+        session = secrets.randbits(32)
+        try:
+            index = await self._index(topic)
+        except Exception:
+            log.exception("reconciliation of %s: could not index the log", topic)
+            self._handle(ev.Reconciled(peer, topic, (), done=True))
+            return
         horizon = self._horizon(topic)
         lo = (0 if horizon is None else max(0, round(parse_timestamp(horizon) * 1000)), b"")
-        session = secrets.randbits(32)
         asking = _Asking(topic, peer, session, index, time.monotonic())
         self._asking[(peer, session)] = asking
         self._spawn(self._hand_over(asking))
@@ -204,7 +222,8 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
                 self.counts["reconcile_refused"] += len(blocks) - len(events)
                 self._handle(ev.Reconciled(asking.peer, asking.topic, tuple(events)))
         finally:
-            self._handle(ev.Reconciled(asking.peer, asking.topic, (), done=True))
+            if not asking.superseded:
+                self._handle(ev.Reconciled(asking.peer, asking.topic, (), done=True))
 
     def _end(self, asking: _Asking) -> None:
         if self._asking.pop((asking.peer, asking.session), None) is not None:
@@ -220,18 +239,15 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
             elif isinstance(msg, RBlocks):
                 self._on_blocks(asking, msg)
             return
-        if (isinstance(msg, RBlocks) or peer not in self._linked(msg.topic)
-                or not self._admit(peer)):
+        if isinstance(msg, RBlocks) or (isinstance(msg, Recon) and msg.round % 2):
+            return  # an answer to a session of ours that ended: nothing to answer
+        if peer not in self._linked(msg.topic) or not self._admit(peer):
             return  # only a tree or lazy neighbour of the topic is answered
         if not self._state.log_last_seq(msg.topic):
             return  # a topic this node keeps no history of: nothing to answer from
         self.counts["reconcile_answers"] += 1
         if isinstance(msg, Recon):
-            step = (answer(self._index(msg.topic), msg.fps, msg.ids, asker=False)
-                    if msg.round + 1 < MAX_ROUNDS else None)
-            self._send(peer, Recon(msg.topic, msg.session, min(msg.round + 1, MAX_ROUNDS),
-                                   () if step is None else tuple(step.fps),
-                                   () if step is None else tuple(step.ids)))
+            self._spawn(self._answer(peer, msg))
             return
         blocks: list[bytes] = []
         size = 0
@@ -245,6 +261,19 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
                 blocks.append(block)
             settled += 1
         self._send(peer, RBlocks(msg.topic, msg.session, settled, tuple(blocks)))
+
+    async def _answer(self, peer: PeerId, msg: Recon) -> None:
+        step = None
+        if msg.round + 1 < MAX_ROUNDS:
+            try:
+                index = await self._index(msg.topic)
+            except Exception:
+                log.exception("could not index %s to answer %s", msg.topic, peer)
+                return
+            step = answer(index, msg.fps, msg.ids, asker=False)
+        self._send(peer, Recon(msg.topic, msg.session, min(msg.round + 1, MAX_ROUNDS),
+                               () if step is None else tuple(step.fps),
+                               () if step is None else tuple(step.ids)))
 
     def _admit(self, peer: PeerId) -> bool:
         """A token bucket per peer: answering costs reads, and a peer may not make us
@@ -261,22 +290,69 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
     # ------------------------------------------------------------------ the index
 
     def appended(self, topic: CID) -> None:
-        """The log of ``topic`` grew (a write-behind hook): its index is stale."""
+        """The log of ``topic`` grew (a write-behind hook): its index takes the new entries
+        in when next used."""
         cached = self._indexes.get(topic)
         if cached is not None:
             cached.stale = True
 
-    def _index(self, topic: CID) -> ItemIndex:
-        now = time.monotonic()
+    async def _index(self, topic: CID) -> ItemIndex:
+        """The topic's index, cached: brought up to date with what was logged since (new
+        entries are mostly the newest: cheap), rebuilt from the log every
+        :data:`INDEX_MAX_AGE` (what retention and compaction removed goes then). A build
+        reads the log a page at a time and sorts on a worker thread, so indexing a long
+        history never stalls the event loop."""
+        self._flush()
         cached = self._indexes.get(topic)
-        if cached is not None and (not cached.stale or now - cached.built < INDEX_REFRESH):
+        now = time.monotonic()
+        if cached is not None and now - cached.built < INDEX_MAX_AGE:
+            if cached.stale:
+                cached.stale = False
+                rows = self._dated(topic, self._state.log_items(
+                    topic, after=cached.last_seq, limit=INDEX_LIMIT))
+                if rows:
+                    cached.index.add(rows)
+                    cached.last_seq = max(seq for _, _, seq in rows)
             self._indexes.move_to_end(topic)
             return cached.index
-        self._flush()
+        building = self._building.get(topic)
+        if building is None:
+            building = self._spawn(self._build(topic))
+            self._building[topic] = building
+        try:
+            index: ItemIndex = await asyncio.shield(building)
+        finally:
+            if building.done():
+                self._building.pop(topic, None)
+        return index
+
+    async def _build(self, topic: CID) -> ItemIndex:
+        rows: list[tuple[int, bytes, int]] = []
+        before: int | None = None
+        while len(rows) < INDEX_LIMIT:
+            page = self._state.log_items(topic, before=before,
+                                         limit=min(INDEX_PAGE, INDEX_LIMIT - len(rows)))
+            if not page:
+                break
+            rows += self._dated(topic, page)
+            before = page[-1][2]
+            await asyncio.sleep(0)  # one page per loop turn: other work goes on between
+        index = await asyncio.to_thread(ItemIndex, rows)
+        self._indexes[topic] = _Cached(index, max((seq for _, _, seq in rows), default=0),
+                                       time.monotonic())
+        self._indexes.move_to_end(topic)
+        while len(self._indexes) > INDEXES:
+            self._indexes.popitem(last=False)
+        return index
+
+    def _dated(self, topic: CID, page: list[tuple[int | None, bytes, int]]
+               ) -> list[tuple[int, bytes, int]]:
+        """``page`` with every entry's ``created_ms`` (entries logged before schema 10
+        have their block read once, and the time recorded)."""
         rows: list[tuple[int, bytes, int]] = []
         dated: list[tuple[int, int]] = []
-        for created_ms, raw, seq in self._state.log_items(topic, INDEX_LIMIT):
-            if created_ms is None:  # logged before schema 10: read its block once
+        for created_ms, raw, seq in page:
+            if created_ms is None:
                 created_ms = self._created_ms(CID(raw))
                 if created_ms is None:
                     continue
@@ -284,12 +360,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
             rows.append((created_ms, raw, seq))
         if dated:
             self._state.log_set_created(topic, dated)
-        index = ItemIndex(rows)
-        self._indexes[topic] = _Cached(index, now)
-        self._indexes.move_to_end(topic)
-        while len(self._indexes) > INDEXES:
-            self._indexes.popitem(last=False)
-        return index
+        return rows
 
     def _created_ms(self, cid: CID) -> int | None:
         block = self._local_block(cid)

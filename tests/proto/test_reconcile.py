@@ -265,3 +265,20 @@ def test_a_deep_gap_of_large_blocks_turns_to_reconciliation_by_their_bytes() -> 
     _, _, out = _deep_gap(BackfillConfig(reconcile=True, reconcile_after=10_000,
                                          reconcile_after_bytes=10**9))
     assert not [o for o in out if isinstance(o, ev.Reconcile)]
+
+
+def test_an_index_grown_by_appends_and_insertions_matches_one_built_at_once() -> None:
+    rows = _rows(list(range(3_000)))
+    rng = random.Random(3)
+    shuffled = rows[:]
+    rng.shuffle(shuffled)
+    grown = ItemIndex(shuffled[:1_000])
+    for start in range(1_000, 3_000, 250):
+        grown.add(shuffled[start:start + 250])
+        grown.fingerprint(0, len(grown))  # sums completed in between, then cut again
+    grown.add(rows[:10])  # already there: nothing changes
+    whole = ItemIndex(rows)
+    assert len(grown) == len(whole) == 3_000
+    for i, j in ((0, 3_000), (5, 2_999), (1_234, 1_235), (0, 0)):
+        assert grown.fingerprint(i, j) == whole.fingerprint(i, j)
+        assert grown.items(i, j) == whole.items(i, j)

@@ -51,15 +51,38 @@ class ItemIndex:
         self._keys: list[Bound] = [(ms, raw) for ms, raw, _ in ordered]
         self._positions = [position for _, _, position in ordered]
         self._members = {raw for _, raw in self._keys}
-        sums = [0]
-        total = 0
-        for _, raw in self._keys:
-            total = (total + int.from_bytes(raw[-_DIGEST:], "little")) & _MASK
-            sums.append(total)
-        self._sums = sums
+        self._sums = [0]
+        """Prefix sums of the digests; shorter than ``len + 1`` after an insertion in the
+        middle (completed when next needed)."""
+        self._complete()
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def add(self, rows: Iterable[tuple[int, bytes, int]]) -> None:
+        """Take in newly logged items. New events are mostly the newest, so they are
+        appended; one that sorts earlier is inserted, and the sums after it are
+        recomputed when next needed."""
+        for ms, raw, position in sorted(rows):
+            if raw in self._members:
+                continue
+            key = (ms, raw)
+            self._members.add(raw)
+            if not self._keys or key > self._keys[-1]:
+                self._keys.append(key)
+                self._positions.append(position)
+                continue
+            at = bisect_left(self._keys, key)
+            self._keys.insert(at, key)
+            self._positions.insert(at, position)
+            del self._sums[at + 1:]
+
+    def _complete(self) -> None:
+        sums = self._sums
+        total = sums[-1]
+        for _, raw in self._keys[len(sums) - 1:]:
+            total = (total + int.from_bytes(raw[-_DIGEST:], "little")) & _MASK
+            sums.append(total)
 
     def has(self, raw: bytes) -> bool:
         return raw in self._members
@@ -70,6 +93,8 @@ class ItemIndex:
         return i, max(i, bisect_left(self._keys, hi))
 
     def fingerprint(self, i: int, j: int) -> bytes:
+        if len(self._sums) <= j:
+            self._complete()
         return fingerprint_of((self._sums[j] - self._sums[i]) & _MASK, j - i)
 
     def key(self, i: int) -> Bound:
