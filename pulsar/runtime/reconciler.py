@@ -97,8 +97,8 @@ class Reconciler:
     """Reconciliations this node asks for and answers (see the module docstring).
     ``known(topic, cid)`` is backfill's: an event delivered or held here is not fetched;
     ``horizon(topic)`` is where the topic's delivered history begins; ``linked(topic)`` the
-tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are answered
-(indexing a long history costs: a stranger may not make us do it)."""
+    tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are answered
+    (indexing a long history costs: a stranger may not make us do it)."""
 
     def __init__(self, state: NodeState, local_block: Callable[[CID], bytes | None],
                  flush: Callable[[], None], send: Callable[[PeerId, Frame], None],
@@ -121,7 +121,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
         self._buckets: dict[PeerId, tuple[float, float]] = {}
         self.counts = counters
         for name in ("reconcile_sessions", "reconcile_rounds", "reconcile_missing",
-                     "reconcile_fetched", "reconcile_answers", "reconcile_refused"):
+                     "reconcile_fetched", "reconcile_answers", "reconcile_bad_blocks"):
             counters.setdefault(name, 0)
 
     # ------------------------------------------------------------------ asking
@@ -198,7 +198,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
             while at < len(settled) and settled[at] != cid:
                 at += 1
             if at == len(settled):  # not asked for, or out of order: a faulty answer
-                self.counts["reconcile_refused"] += 1
+                self.counts["reconcile_bad_blocks"] += 1
                 asking.inbox.put_nowait(blocks)
                 self._end(asking)
                 return
@@ -219,7 +219,7 @@ tree and lazy neighbours of a topic, the only peers whose RECON and RWANT are an
         try:
             while (blocks := await asking.inbox.get()) is not None:
                 events = await asyncio.to_thread(_parse, blocks)
-                self.counts["reconcile_refused"] += len(blocks) - len(events)
+                self.counts["reconcile_bad_blocks"] += len(blocks) - len(events)
                 self._handle(ev.Reconciled(asking.peer, asking.topic, tuple(events)))
         finally:
             if not asking.superseded:

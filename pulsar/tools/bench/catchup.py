@@ -70,7 +70,7 @@ WINDOW = 64
 COUNTERS = ("wants_sent", "fetches", "backfilled", "found_locally", "heads_unknown",
             "gaps_reported", "duplicates", "reconciliations", "reconciled",
             "reconcile_rounds", "reconcile_missing", "reconcile_fetched", "reconcile_refused",
-            "reconcile_timeouts")
+            "reconcile_bad_blocks", "reconcile_timeouts")
 """The repair and reconciliation counters that explain a catch-up's time."""
 
 
