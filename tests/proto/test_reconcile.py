@@ -249,6 +249,14 @@ def test_an_event_that_fails_the_topics_check_is_skipped_not_delivered() -> None
     got = core.on_reconciled(ev.Reconciled(PEER, TID, (stray, chain[10])), 1.0)
     assert [e.cid for e in _delivered(got)] == [chain[10].cid]
     assert core.metrics["reconcile_refused"] == 1
+    # Refused here is not dropped: the walk asks that peer for it once reconciling ends,
+    # and its answer gets what any BLOCKS answer gets (a version fetched, the vouching
+    # walk, or dropped for good if invalid).
+    assert stray.cid in core.missing(TID)  # a gap, waiting while reconciliation runs
+    done = core.on_reconciled(ev.Reconciled(PEER, TID, (), done=True), 1.1)
+    wants = [o.message for o in done if isinstance(o, ev.Send) and isinstance(o.message, Want)]
+    assert len(wants) == 1  # one WANT per neighbour at a time: the others wait their turn
+    assert stray.cid in core.missing(TID)
 
 
 def test_without_reconcile_the_deep_gap_walks_on() -> None:

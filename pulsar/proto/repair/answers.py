@@ -95,14 +95,19 @@ class Answers:
         """Events a reconciliation fetched, in the peer's delivery order (parents first,
         so each is normally delivered at once): each is judged and taken in like a
         backfilled block. The driver passes only events whose CIDs the reconciliation
-        found missing here, parsed and signature-checked; one that fails the rest of the
-        check is skipped (the gaps' walk, once the reconciliation is done, asks for what
-        is still missing)."""
+        found missing here, parsed and signature-checked. One the topic's rules refuse
+        here — most often because it names a topic version this node does not know yet,
+        or was published by a since-revoked publisher and nothing vouches for it yet — is
+        left to the walk: the newest refused events of the answer are opened as gaps on
+        that peer, and their WANTs, once the reconciliation is done, go through what
+        BLOCKS answers get (the version fetched, the vouching walk; an invalid event
+        dropped for good)."""
         f = self._gaps.topics.get(msg.topic)
         if f is None:
             return []
         out: Out = []
         repaired: list[Repaired] = []
+        refused: list[EventDescriptor] = []
         order = f.order
         for parsed in msg.events:
             cid = parsed.cid
@@ -112,12 +117,17 @@ class Answers:
             event = self._gaps.verify(msg.topic, parsed)
             if not isinstance(event, EventDescriptor):
                 self._gaps.counts["reconcile_refused"] += 1
+                refused.append(parsed)
                 continue
             out.append(ev.StoreLocal(cid, event.block))
             self._gaps.counts["reconciled"] += 1
             _, new = self._gaps.take(f, event, REPAIR_HOP, msg.peer, now, out, fetched=True)
             if new:
                 repaired.append(Repaired(msg.topic, event))
+        if refused:
+            linked = {c for e in refused for c in (e.parent, *e.merges) if c is not None}
+            tips = [e.cid for e in refused if e.cid not in linked]
+            out += self._gaps.learn_heads(msg.topic, tips, msg.peer, now)
         if msg.done and f.reconciling == msg.peer:
             self._stop_reconciling(f, now, out)
         return [*out, *repaired]
