@@ -161,3 +161,26 @@ async def test_a_healed_partition_is_caught_up_by_reconciliation(tmp_path: Path)
         assert far.metrics["reconciled"] + farther.metrics["reconciled"] > 0
     finally:
         await net.close()
+
+
+async def test_events_of_a_version_the_node_missed_are_caught_up_too(network: Network) -> None:
+    """While the node was away the author updated the topic and published 500 more
+    events naming the new version, which the node does not know when reconciliation
+    brings them: they are walked for and delivered once the version is fetched, not
+    dropped."""
+    author, _, away = await network.start(3)
+    topic = (await author.create_topic("catch/version")).cid
+    await away.subscribe(topic)
+    await _publish(author, topic, 10, "before")
+    await eventually(lambda: away.last_position(topic) == 10)
+    config = away.config
+    await away.stop()
+    await _publish(author, topic, 200, "old")
+    await author.update_topic(topic, name="catch/version/2")
+    await _publish(author, topic, 500, "new")
+    back = await Node.start(replace(config, bootstrap=(author.address,)))
+    network.nodes[2] = back
+    await eventually(lambda: back.last_position(topic) == 710, timeout=60)
+    await _causal_log(back, topic)
+    assert back.metrics["reconciliations"] >= 1
+    assert back.metrics["gaps_reported"] == 0

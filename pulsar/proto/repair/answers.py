@@ -68,9 +68,11 @@ class Answers:
             if moved is not None and moved is not gap:
                 touched.append(moved)
         config = self._gaps.config
-        if (gap is not None and not gap.closed and not bad and f.reconciling is None
-                and config.reconcile and (taken >= config.reconcile_after
-                                          or taken_bytes >= config.reconcile_after_bytes)):
+        still_open = any(not g.closed for g in (gap, *touched) if g is not None)
+        if (still_open and not bad and f.reconciling is None and config.reconcile
+                and (taken >= config.reconcile_after
+                     or taken_bytes >= config.reconcile_after_bytes)):
+            # (A late answer — its WANT timed out while a version was fetched — counts too.)
             self._start_reconciling(f, msg.topic, peer, out)
         if gap is not None and not gap.closed:
             if bad or gap.frontier == msg.head:
