@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dag import CID, TopicDescriptor
+from dag import CID, EventDescriptor, TopicDescriptor
 from pulsar.proto import events as ev
 from pulsar.proto.codec import decode_frame, decode_message, encode_message
 from pulsar.proto.fields import MessageError
@@ -24,7 +24,7 @@ from pulsar.proto.reconcile.messages import (
     RWant,
 )
 from pulsar.proto.reconcile.ranges import answer, opening
-from pulsar.proto.repair.backfill import BackfillConfig, ReconcileTimeout
+from pulsar.proto.repair.backfill import UNVOUCHED, BackfillConfig, ReconcileTimeout
 from pulsar.proto.repair.messages import Blocks, Want
 
 from .test_backfill import MALLORY, PEER, TID, _chain, _core, _delivered
@@ -290,3 +290,35 @@ def test_an_index_grown_by_appends_and_insertions_matches_one_built_at_once() ->
     for i, j in ((0, 3_000), (5, 2_999), (1_234, 1_235), (0, 0)):
         assert grown.fingerprint(i, j) == whole.fingerprint(i, j)
         assert grown.items(i, j) == whole.items(i, j)
+
+
+def test_an_event_nothing_vouches_for_yet_is_kept_and_walked_for() -> None:
+    """A revoked publisher's event from before the revocation arrives before the event that
+    vouches for it (history comes oldest first): it is stored, so the vouching can reach it
+    through the local store, and its gap asks for it when the session ends."""
+    chain = _chain(400)
+    store: dict[CID, bytes] = {}
+    vouched: set[CID] = set()
+
+    def verify(tree: CID, block: bytes | EventDescriptor) -> Any:
+        event = block if isinstance(block, EventDescriptor) else EventDescriptor.from_block(
+            block)
+        return event if event.cid != chain[10].cid or event.cid in vouched else UNVOUCHED
+
+    core = _core(store, verify=verify, config=BackfillConfig(reconcile=True),
+                 heads=[chain[9].cid])
+    core.mark_delivered(TID, [e.cid for e in chain[:10]])
+    out = core.learn_heads(TID, [chain[-1].cid], PEER, 0.0)
+    want = next(o.message for o in out if isinstance(o, ev.Send))
+    core.on_blocks(PEER, Blocks(TID, want.head, tuple(e.block for e in reversed(chain[200:]))),
+                   0.1)
+    got = core.on_reconciled(ev.Reconciled(PEER, TID, tuple(chain[10:200])), 1.0)
+    assert ev.StoreLocal(chain[10].cid, chain[10].block) in got
+    assert _delivered(got) == []  # everything waits on the unvouched event
+    assert chain[10].cid in core.missing(TID)
+    for o in got:
+        if isinstance(o, ev.StoreLocal):
+            store[o.cid] = o.block
+    vouched.add(chain[10].cid)  # the vouching walk reached it through the local store
+    done = core.on_reconciled(ev.Reconciled(PEER, TID, (), done=True), 2.0)
+    assert [e.cid for e in _delivered(done)] == [e.cid for e in chain[10:]]

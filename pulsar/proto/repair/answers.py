@@ -120,6 +120,11 @@ class Answers:
             if not isinstance(event, EventDescriptor):
                 self._gaps.counts["reconcile_refused"] += 1
                 refused.append(parsed)
+                if isinstance(event, Unvouched):
+                    # Kept, as a BLOCKS answer's is: history comes oldest first here, so
+                    # the event that vouches for it (the revoking version's recorded
+                    # head, admitted later in the session) vouches down the local store.
+                    out.append(ev.StoreLocal(cid, parsed.block))
                 continue
             out.append(ev.StoreLocal(cid, event.block))
             self._gaps.counts["reconciled"] += 1
