@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from pulsar.proto.core import CoreConfig
 from pulsar.runtime.subscription import Subscription
 from tests.waiting import eventually
 
-__all__ = ["Network", "collect", "eventually"]
+__all__ = ["Network", "PartitionableNetwork", "collect", "eventually"]
 
 FAST_TRANSPORT = TransportConfig(
     idle_ping=0.3,
@@ -83,6 +84,17 @@ class Network:
 
     async def close(self) -> None:
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+
+
+class PartitionableNetwork(Network):
+    """Every node's transport asks one fault injector, which a test partitions and heals."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.faults = FaultInjector(seed=1)
+
+    def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
+        return dataclasses.replace(super().config(index, bootstrap), faults=self.faults)
 
 
 @pytest.fixture

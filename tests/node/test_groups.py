@@ -4,16 +4,14 @@ member that dies has its share taken over, one that joins takes its share."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import Counter
 from pathlib import Path
 
 from dag import CID
-from pulsar import Node, NodeConfig
-from pulsar.net.faults import FaultInjector
+from pulsar import Node
 from pulsar.runtime.consumer_share import GroupInfo
 from pulsar.tools.bench.delivery import crash
-from tests.node.conftest import Network
+from tests.node.conftest import Network, PartitionableNetwork
 from tests.waiting import eventually
 
 
@@ -196,23 +194,12 @@ async def test_a_member_whose_node_restarts_leaves_its_unfinished_events_to_the_
         await net.close()
 
 
-class _Partitionable(Network):
-    """Every node's transport asks one fault injector, which a test partitions and heals."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.faults = FaultInjector(seed=1)
-
-    def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
-        return dataclasses.replace(super().config(index, bootstrap), faults=self.faults)
-
-
 async def test_a_partition_splits_the_group_and_healing_joins_it_again(
         tmp_path: Path) -> None:
     """Cut off, each side handles what the other would have (the duplicates a partition
     costs, counted); healed, the members hear each other again and share what comes next
     once each."""
-    net = _Partitionable(tmp_path)
+    net = PartitionableNetwork(tmp_path)
     try:
         nodes, topic = await group_of(net, 3)
         published = await publish(nodes[0], topic, 30)

@@ -11,13 +11,11 @@ from pathlib import Path
 
 from dag import CID
 from pulsar import Node
-from pulsar.config import NodeConfig
-from pulsar.net.faults import FaultInjector
 from pulsar.proto.reconcile.items import INFINITY
 from pulsar.proto.reconcile.messages import Fingerprint, RBlocks, Recon, RWant
 from tests.waiting import eventually
 
-from .conftest import Network
+from .conftest import Network, PartitionableNetwork
 
 
 async def _publish(node: Node, topic: CID, count: int, tag: str) -> None:
@@ -120,22 +118,11 @@ async def test_only_a_neighbour_in_the_topic_is_answered(network: Network) -> No
     assert len(blocks) == 1 and blocks[0].n == 3 and len(blocks[0].blocks) == 3
 
 
-class _Partitionable(Network):
-    """Every node's transport asks one fault injector, which a test partitions and heals."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.faults = FaultInjector(seed=1)
-
-    def config(self, index: int, bootstrap: tuple[tuple[str, int], ...]) -> NodeConfig:
-        return replace(super().config(index, bootstrap), faults=self.faults)
-
-
 async def test_a_healed_partition_is_caught_up_by_reconciliation(tmp_path: Path) -> None:
     """Two subscribers cut off from the publisher's side while it publishes 700 events
     get every one after the partition heals — the first event after the heal reveals the
     gap, and it is too deep to walk — in causal order, once."""
-    net = _Partitionable(tmp_path)
+    net = PartitionableNetwork(tmp_path)
     try:
         author, near, far, farther = await net.start(4)
         topic = (await author.create_topic("catch/heal")).cid

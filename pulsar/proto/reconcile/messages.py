@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Final
 
 from dag import CID
 from pulsar.proto.fields import MessageError, bytes_field, link_field, uint_field
-from pulsar.proto.repair.messages import MAX_BLOCK, MAX_BLOCKS_BYTES
+from pulsar.proto.repair.messages import block_list
 
 from .items import MAX_MS, Bound
 
@@ -179,18 +179,9 @@ class RBlocks:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> RBlocks:
-        blocks = m["blocks"]
-        if not isinstance(blocks, list) or len(blocks) > MAX_WANT:
-            raise MessageError(f"rblocks.blocks must be a list of at most {MAX_WANT}")
-        total = 0
-        for block in blocks:
-            if not isinstance(block, bytes) or not 0 < len(block) <= MAX_BLOCK:
-                raise MessageError(f"rblocks.blocks entries must be 1..{MAX_BLOCK} bytes")
-            total += len(block)
-        if total > MAX_BLOCKS_BYTES:
-            raise MessageError(f"rblocks carry {total} bytes, more than {MAX_BLOCKS_BYTES}")
+        blocks = block_list(m["blocks"], "rblocks", MAX_WANT)
         n = uint_field(m["n"], "rblocks.n", MAX_WANT)
         if len(blocks) > n:
             raise MessageError("rblocks.blocks holds more blocks than n settles")
         return cls(link_field(m["topic"], "rblocks.topic"),
-                   uint_field(m["session"], "rblocks.session", MAX_SESSION), n, tuple(blocks))
+                   uint_field(m["session"], "rblocks.session", MAX_SESSION), n, blocks)

@@ -56,6 +56,7 @@ __all__ = [
     "MAX_HAVE",
     "MAX_HEADS",
     "MAX_WANT_LIMIT",
+    "block_list",
     "Blocks",
     "Heads",
     "HeadsDigest",
@@ -136,6 +137,21 @@ class Want:
         )
 
 
+def block_list(value: Any, kind: str, limit: int) -> tuple[bytes, ...]:
+    """The ``blocks`` field of a ``kind`` message: at most ``limit`` byte strings of
+    1..:data:`MAX_BLOCK` bytes, :data:`MAX_BLOCKS_BYTES` in all."""
+    if not isinstance(value, list) or len(value) > limit:
+        raise MessageError(f"{kind}.blocks must be a list of at most {limit}")
+    total = 0
+    for block in value:
+        if not isinstance(block, bytes) or not 0 < len(block) <= MAX_BLOCK:
+            raise MessageError(f"{kind}.blocks entries must be 1..{MAX_BLOCK} bytes")
+        total += len(block)
+    if total > MAX_BLOCKS_BYTES:
+        raise MessageError(f"{kind} carry {total} bytes, more than {MAX_BLOCKS_BYTES}")
+    return tuple(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Blocks:
     """The one-batch answer to a :class:`Want` for ``head``: event blocks, newest first.
@@ -153,18 +169,8 @@ class Blocks:
 
     @classmethod
     def from_wire(cls, m: dict[str, Any]) -> Blocks:
-        blocks = m["blocks"]
-        if not isinstance(blocks, list) or len(blocks) > MAX_BLOCKS:
-            raise MessageError(f"blocks.blocks must be a list of at most {MAX_BLOCKS}")
-        total = 0
-        for block in blocks:
-            if not isinstance(block, bytes) or not 0 < len(block) <= MAX_BLOCK:
-                raise MessageError(f"blocks.blocks entries must be 1..{MAX_BLOCK} bytes")
-            total += len(block)
-        if total > MAX_BLOCKS_BYTES:
-            raise MessageError(f"blocks carry {total} bytes, more than {MAX_BLOCKS_BYTES}")
         return cls(link_field(m["topic"], "blocks.topic"), link_field(m["head"], "blocks.head"),
-                   tuple(blocks))
+                   block_list(m["blocks"], "blocks", MAX_BLOCKS))
 
 
 @dataclass(frozen=True, slots=True)
